@@ -1,0 +1,183 @@
+"""The codec contract and registry.
+
+A codec turns one saved activation into a few smaller payload tensors in the
+forward pass and back into a tensor in the backward pass. The planner
+(`adacc_compile.passes`) only talks to codecs through this contract: it asks
+each registered codec whether it `applies` to a value, how many bytes the
+payload takes (`compressed_nbytes`, exact and known before the data is seen),
+how long compress + decompress take (`cost_seconds`), and how much error it
+declares (`error_bound`). The graph rewrite then inserts the codec's two
+custom ops, ``torch.ops.adacc.<name>_compress`` and
+``torch.ops.adacc.<name>_decompress`` (see `Codec.compress_op`).
+
+Why a registry of objects instead of an if-chain: new codecs plug in without
+touching the planner (STYLE.md point 5), and tests can register toy codecs.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+
+class KernelChoice(enum.Enum):
+    """Which implementation a codec runs.
+
+    AUTO uses Triton on CUDA tensors when Triton is importable, else the torch
+    reference. TRITON forces the Triton kernels (under ``TRITON_INTERPRET=1``
+    they also run on CPU tensors: that is how the kernels are tested without a
+    GPU). TORCH forces the pure-torch reference everywhere.
+    """
+
+    AUTO = "auto"
+    TRITON = "triton"
+    TORCH = "torch"
+
+
+def kernel_choice_from_env() -> KernelChoice:
+    """Reads ``ADACC_KERNELS`` (auto | triton | torch); defaults to AUTO."""
+    raw = os.environ.get("ADACC_KERNELS", "auto").lower()
+    try:
+        return KernelChoice(raw)
+    except ValueError:
+        valid = ", ".join(c.value for c in KernelChoice)
+        raise ValueError(f"ADACC_KERNELS={raw!r} is not one of: {valid}") from None
+
+
+class DecompressKind(enum.Enum):
+    """What a codec's decompress returns.
+
+    VALUE: an approximation of the original tensor (most codecs).
+    DERIVATIVE: the approximate derivative of an activation function at the
+    original tensor (few-bit GELU/SiLU); the rewrite multiplies it with the
+    incoming gradient instead of calling the activation's backward.
+    """
+
+    VALUE = "value"
+    DERIVATIVE = "derivative"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Packed:
+    """A compressed tensor: payload tensors plus what decompression needs.
+
+    ``payload`` holds every tensor that is stored between forward and backward;
+    its total bytes equal ``Codec.compressed_nbytes(shape, dtype)`` exactly.
+    """
+
+    codec: str
+    payload: tuple[torch.Tensor, ...]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.payload)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CodecStats:
+    """Statistics a codec derives from sample activations (calibration)."""
+
+    codec: str
+    outlier_channels: tuple[int, ...] = ()
+    outlier_fraction: float = 0.0
+    abs_max: float = 0.0
+    relative_error: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApplyQuery:
+    """What the planner knows about a candidate value when asking `applies`.
+
+    ``producer_class`` / ``consumer_classes`` are op-class names from the
+    annotate pass (e.g. "norm", "matmul", "activation", "softmax", "mask",
+    "dropout", "elementwise"); ``consumer_targets`` are the string names of
+    the backward ops that read the value (e.g. "aten.gelu_backward.default").
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    producer_class: str
+    consumer_classes: tuple[str, ...] = ()
+    consumer_targets: tuple[str, ...] = ()
+
+
+class Codec:
+    """Base class; one subclass per codec module in this package.
+
+    Subclasses set the class attributes and implement the methods that raise
+    NotImplementedError here.
+    """
+
+    name: str = ""
+    lossless: bool = False
+    #: Declared bound on the relative error ||x_hat - x|| / ||x|| (Frobenius) on
+    #: finite inputs whose values it applies to; 0.0 for lossless codecs.
+    error_bound: float = 0.0
+    decompress_kind: DecompressKind = DecompressKind.VALUE
+
+    def applies(self, query: ApplyQuery) -> bool:
+        raise NotImplementedError
+
+    def compressed_nbytes(self, shape: Sequence[int], dtype: torch.dtype) -> int:
+        raise NotImplementedError
+
+    def compress(self, x: torch.Tensor) -> Packed:
+        raise NotImplementedError
+
+    def decompress(self, packed: Packed) -> torch.Tensor:
+        raise NotImplementedError
+
+    def calibrate(self, samples: Sequence[torch.Tensor]) -> CodecStats:
+        raise NotImplementedError
+
+    def cost_seconds(
+        self, shape: Sequence[int], dtype: torch.dtype, bandwidth_bytes_per_s: float
+    ) -> float:
+        """Compress + decompress time: bytes read and written over bandwidth."""
+        numel = 1
+        for s in shape:
+            numel *= int(s)
+        moved = 2 * numel * torch.empty((), dtype=dtype).element_size()
+        moved += 2 * self.compressed_nbytes(shape, dtype)
+        return moved / bandwidth_bytes_per_s
+
+    @property
+    def compress_op(self) -> Callable[..., list[torch.Tensor]]:
+        """``torch.ops.adacc.<name>_compress.default``: (Tensor x) -> Tensor[]."""
+        return getattr(torch.ops.adacc, f"{self.name}_compress").default
+
+    @property
+    def decompress_op(self) -> Callable[..., torch.Tensor]:
+        """``torch.ops.adacc.<name>_decompress.default``:
+        (Tensor[] payload, SymInt[] shape, ScalarType dtype) -> Tensor."""
+        return getattr(torch.ops.adacc, f"{self.name}_decompress").default
+
+
+@dataclass(slots=True)
+class CodecRegistry:
+    """Name -> codec. One instance lives in `adacc_compile.kernels`."""
+
+    codecs: dict[str, Codec] = field(default_factory=dict)
+
+    def register(self, codec: Codec) -> Codec:
+        if codec.name in self.codecs:
+            raise ValueError(f"codec {codec.name!r} is already registered")
+        self.codecs[codec.name] = codec
+        return codec
+
+    def get(self, name: str) -> Codec:
+        try:
+            return self.codecs[name]
+        except KeyError:
+            valid = ", ".join(sorted(self.codecs)) or "(none)"
+            raise ValueError(f"unknown codec {name!r}; available: {valid}") from None
+
+    def names(self) -> list[str]:
+        return sorted(self.codecs)
