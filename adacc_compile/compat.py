@@ -1,0 +1,238 @@
+"""Every private PyTorch API adacc touches, in one place.
+
+adacc supports torch 2.11 through 2.15. The partitioner helpers in
+``torch._functorch.partitioners`` and the logging/compile entry points are
+private and their signatures drift between releases; the rest of the code base
+calls only the functions below, so a torch upgrade is a change to this file.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+from torch._functorch import partitioners as _partitioners
+from torch._functorch.compile_utils import raise_getitems as _raise_getitems
+from torch.fx.experimental.proxy_tensor import is_sym_node as _is_sym_node
+
+TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+# --------------------------------------------------------------------------
+# joint-graph classification
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JointGraphInfo:
+    """Which joint-graph nodes belong to the forward and to the backward.
+
+    ``forward_nodes`` includes the primal placeholders and every node that
+    does not depend on a tangent; ``backward_nodes`` the rest."""
+
+    forward_nodes: frozenset[fx.Node]
+    backward_nodes: frozenset[fx.Node]
+    static_lifetime_input_nodes: Any  # OrderedSet[fx.Node], passed back to torch
+
+
+def is_sym_node(node: fx.Node) -> bool:
+    return bool(_is_sym_node(node))
+
+
+def is_primal(node: fx.Node) -> bool:
+    return node.op == "placeholder" and "tangents" not in str(node.target) and not str(
+        node.target
+    ).startswith(("bwd_seed", "bwd_base_offset"))
+
+
+def is_tangent(node: fx.Node) -> bool:
+    return node.op == "placeholder" and "tangents" in str(node.target)
+
+
+def prepare_joint_graph(joint_module: fx.GraphModule) -> fx.GraphModule:
+    """The clean-ups PyTorch's own partitioner runs before deciding.
+
+    Dead code is removed, user recompute tags are cleaned, and collectives,
+    effectful ops and backward-mutation sources are tagged "must save" (the
+    planner honours those tags: `must_save`).
+    """
+    joint_module.graph.eliminate_dead_code()
+    joint_module.recompile()
+    if _partitioners.has_recomputable_ops(joint_module):
+        joint_module = _call(
+            _partitioners.cleanup_recompute_tags, joint_module, is_default_partition=False
+        )
+    if not torch._functorch.config.unsafe_allow_optimization_of_collectives:
+        _partitioners.force_save_collectives(joint_module)
+    _partitioners.force_save_effectful_ops(joint_module)
+    if hasattr(_partitioners, "force_save_bw_mutation_src"):
+        _partitioners.force_save_bw_mutation_src(joint_module)
+    return joint_module
+
+
+def must_save(node: fx.Node) -> bool:
+    """True when PyTorch tagged the node as one that may never be recomputed."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return node.meta.get("recompute") in (
+        CheckpointPolicy.MUST_SAVE,
+        CheckpointPolicy.PREFER_SAVE,
+    )
+
+
+def classify_joint_graph(
+    joint_module: fx.GraphModule,
+    static_lifetime_input_indices: Sequence[int] | None,
+    num_fwd_outputs: int,
+) -> JointGraphInfo:
+    info = _partitioners.classify_nodes(
+        joint_module, list(static_lifetime_input_indices or []), num_fwd_outputs
+    )
+    # Backward = what depends on the tangents or must run in the backward;
+    # everything else (including "unclaimed" nodes such as a layer norm's
+    # mean/rstd outputs) is a forward value that may be saved.
+    backward = frozenset(info.required_bw_nodes)
+    forward = frozenset(
+        n for n in joint_module.graph.nodes if n not in backward and n.op != "output"
+    )
+    return JointGraphInfo(forward, backward, info.static_lifetime_input_nodes)
+
+
+def forward_output_nodes(joint_module: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
+    outputs = _partitioners._extract_fwd_bwd_outputs(joint_module, num_fwd_outputs=num_fwd_outputs)
+    return [n for n in outputs[0] if isinstance(n, fx.Node)]
+
+
+def extract_forward_backward(
+    joint_module: fx.GraphModule,
+    saved_values: list[fx.Node],
+    *,
+    num_fwd_outputs: int,
+    static_lifetime_input_nodes: Any,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Splits the joint graph given the nodes saved for the backward.
+
+    Everything the backward needs that is neither saved nor a backward input
+    is recomputed inside the backward graph (that is how PyTorch's extractor
+    works, and what makes a "recompute" decision real). The backward is then
+    reordered to mimic the autograd engine, which places each recomputation
+    right before its first use.
+    """
+    saved_sym_nodes = [n for n in saved_values if is_sym_node(n)]
+    saved_tensors = [n for n in saved_values if not is_sym_node(n)]
+    kwargs: dict[str, Any] = {
+        "num_fwd_outputs": num_fwd_outputs,
+        "static_lifetime_input_nodes": static_lifetime_input_nodes,
+    }
+    fw_module, bw_module = _call(
+        _partitioners._extract_fwd_bwd_modules,
+        joint_module,
+        saved_tensors,
+        saved_sym_nodes=saved_sym_nodes,
+        **kwargs,
+    )
+    if _partitioners.has_recomputable_ops(joint_module) and _partitioners.has_recomputable_rng_ops(
+        joint_module
+    ):
+        fw_module, bw_module = _partitioners.functionalize_rng_ops(
+            joint_module, fw_module, bw_module, len(saved_sym_nodes)
+        )
+    bw_module = _partitioners.reordering_to_mimic_autograd_engine(bw_module)
+    fw_module = _raise_getitems(fw_module)
+    bw_module = _raise_getitems(bw_module)
+    if hasattr(_partitioners, "thread_graphsafe_rng_from_hops"):
+        fw_module = _partitioners.thread_graphsafe_rng_from_hops(fw_module, is_backward=False)
+        bw_module = _partitioners.thread_graphsafe_rng_from_hops(bw_module, is_backward=True)
+    return fw_module, bw_module
+
+
+# --------------------------------------------------------------------------
+# symbolic sizes
+# --------------------------------------------------------------------------
+
+
+def concrete_int(value: Any, fallback: int = 8192) -> int:
+    """A plain int for a possibly symbolic size, without adding guards."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.SymInt):
+        from torch.fx.experimental import symbolic_shapes as sym
+
+        if hasattr(sym, "optimization_hint"):
+            return int(sym.optimization_hint(value, fallback=fallback))
+        node = value.node
+        if getattr(node, "_hint", None) is not None:
+            return int(node._hint)
+        return int(node.shape_env.size_hint(node.expr, fallback=fallback))
+    return int(value)
+
+
+# --------------------------------------------------------------------------
+# compilation entry points
+# --------------------------------------------------------------------------
+
+
+def inductor_compile(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], config_patches: dict[str, Any]
+) -> Callable[..., Any]:
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, example_inputs, config_patches=config_patches)
+
+
+def eager_aot_compile(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], partition_fn: Callable[..., Any]
+) -> Callable[..., Any]:
+    """AOTAutograd with ``partition_fn``; the fw/bw graphs run as plain FX."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def run_as_is(graph: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
+        return make_boxed_func(graph.forward)
+
+    backend = aot_autograd(
+        fw_compiler=run_as_is,
+        bw_compiler=run_as_is,
+        partition_fn=partition_fn,
+        keep_inference_input_mutations=True,
+    )
+    return backend(gm, example_inputs)
+
+
+def custom_partitioner_base() -> type:
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+    return CustomPartitionerFn
+
+
+# --------------------------------------------------------------------------
+# structured logging
+# --------------------------------------------------------------------------
+
+
+def log_artifact(name: str, payload: str, encoding: str = "string") -> None:
+    """Emits an artifact through ``torch._logging.trace_structured`` so that
+    TORCH_TRACE / tlparse show adacc's plan next to PyTorch's graphs."""
+    from torch._logging import trace_structured
+
+    trace_structured(
+        "artifact",
+        metadata_fn=lambda: {"name": name, "encoding": encoding},
+        payload_fn=lambda: payload,
+    )
+
+
+def log_json_artifact(name: str, data: Any) -> None:
+    log_artifact(name, json.dumps(data, indent=1, sort_keys=True, default=str), "json")
+
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Calls ``fn`` with only the keyword arguments its signature accepts."""
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return fn(*args, **kwargs)

@@ -1,0 +1,220 @@
+"""The one typed configuration of the adacc backend.
+
+Built from ``torch.compile(..., options={...})`` by `AdaccConfig.from_options`.
+Every field is validated up front so that a typo fails at ``torch.compile``
+time with the list of valid choices, instead of silently planning with a
+default. The config is frozen and hashable: `AdaccPartitioner.uuid()` hashes
+it so Inductor's FX graph cache never returns a graph planned under other
+options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+PLANNERS = ("milp", "greedy", "recompute_all", "keep_all")
+ACCURACY_MODES = ("lossless", "balanced", "aggressive")
+ON_INFEASIBLE = ("warn", "error")
+
+
+def parse_bytes(text: str) -> int:
+    """Parses "12GiB", "800MB", "1.5 gb", "4096" into a byte count."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if match is None:
+        raise ValueError(
+            f"memory_budget={text!r} is not a size; use e.g. '12GiB', '800MB', "
+            f"an int number of bytes, or a ratio in (0, 1]"
+        )
+    number, unit = match.groups()
+    unit = (unit or "b").lower()
+    if unit not in _UNITS:
+        valid = ", ".join(k.upper().replace("I", "i") for k in _UNITS)
+        raise ValueError(f"unknown size unit {unit!r} in {text!r}; valid units: {valid}")
+    return int(float(number) * _UNITS[unit])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryBudget:
+    """Either an absolute byte count or a ratio of the runtime-optimal saving."""
+
+    bytes: int | None = None
+    """Activation bytes that may be held for the backward pass."""
+    ratio: float | None = None
+    """Fraction of the bytes the runtime-optimal plan saves (1.0 = no pressure)."""
+
+    def resolve(self, baseline_saved_bytes: int) -> int:
+        """The budget in bytes for a graph whose runtime-optimal plan saves
+        ``baseline_saved_bytes``."""
+        if self.bytes is not None:
+            return self.bytes
+        assert self.ratio is not None
+        return int(self.ratio * baseline_saved_bytes)
+
+    def describe(self) -> str:
+        return f"{self.bytes} B" if self.bytes is not None else f"ratio {self.ratio:g}"
+
+    @staticmethod
+    def parse(value: Any) -> "MemoryBudget":
+        if isinstance(value, MemoryBudget):
+            return value
+        if isinstance(value, bool):
+            raise ValueError("memory_budget must be bytes, a size string or a ratio, not bool")
+        if isinstance(value, int):
+            if value <= 0:
+                raise ValueError(f"memory_budget={value} bytes must be positive")
+            if value == 1:
+                return MemoryBudget(ratio=1.0)
+            return MemoryBudget(bytes=value)
+        if isinstance(value, float):
+            if not 0.0 < value <= 1.0:
+                raise ValueError(
+                    f"memory_budget={value} as a float is a ratio and must lie in (0, 1]; "
+                    f"give bytes as an int or a string such as '12GiB'"
+                )
+            return MemoryBudget(ratio=value)
+        if isinstance(value, str):
+            try:
+                as_float = float(value)
+            except ValueError:
+                return MemoryBudget(bytes=parse_bytes(value))
+            return MemoryBudget.parse(as_float if "." in value else int(as_float))
+        raise ValueError(
+            f"memory_budget={value!r} ({type(value).__name__}) is not bytes (int), "
+            f"a size string ('12GiB') or a ratio in (0, 1]"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdaccConfig:
+    """Options of the adacc backend (``torch.compile(options=...)`` keys)."""
+
+    memory_budget: MemoryBudget = field(default_factory=lambda: MemoryBudget(ratio=1.0))
+    """Activation memory the plan may hold: bytes (int), a size string such as
+    "12GiB", or a ratio in (0, 1] of what the runtime-optimal plan saves."""
+
+    planner: str = "milp"
+    """Decision policy: "milp" (HiGHS), "greedy", "recompute_all", "keep_all"."""
+
+    solver_time_limit_s: float = 30.0
+    """HiGHS time limit; on expiry the best incumbent is used, or greedy."""
+
+    mip_rel_gap: float = 1e-4
+    """Relative optimality gap at which HiGHS stops."""
+
+    max_replans: int = 8
+    """How often the simulate-and-tighten loop may re-solve."""
+
+    on_infeasible: str = "warn"
+    """Budget below the reachable minimum: "warn" (use the minimum-memory plan
+    and warn with the reachable minimum) or "error" (raise)."""
+
+    accuracy: str = "lossless"
+    """Which codecs the planner may use: "lossless" (recompute and lossless
+    codecs only), "balanced", "aggressive"."""
+
+    codecs: tuple[str, ...] | None = None
+    """Restrict the codec choice to these names (None = all that the accuracy
+    mode allows; () = no compression)."""
+
+    device_profile: str = "auto"
+    """Cost model: "auto" (built-in profile for the detected GPU, else
+    calibrate the current device), a built-in name ("a100", "h100", "h200",
+    "cpu"), or "calibrate"."""
+
+    dump_dir: str | None = None
+    """Write per-graph artifacts here (also from env ADACC_DUMP_DIR)."""
+
+    solver_threads: int = 1
+    """HiGHS threads; 1 keeps the plan deterministic across ranks."""
+
+    @staticmethod
+    def from_options(options: Mapping[str, Any] | None) -> "AdaccConfig":
+        """Validates ``options`` and builds the config; env ADACC_DUMP_DIR is
+        used when ``dump_dir`` is not given."""
+        options = dict(options or {})
+        names = {f.name for f in dataclasses.fields(AdaccConfig)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise ValueError(
+                f"unknown adacc option(s) {unknown}; valid options: {sorted(names)}"
+            )
+        kwargs: dict[str, Any] = {}
+        if "memory_budget" in options:
+            kwargs["memory_budget"] = MemoryBudget.parse(options["memory_budget"])
+        for name in ("planner", "on_infeasible", "accuracy", "device_profile"):
+            if name in options:
+                kwargs[name] = str(options[name])
+        for name in ("solver_time_limit_s", "mip_rel_gap"):
+            if name in options:
+                kwargs[name] = _positive_float(name, options[name])
+        for name in ("max_replans", "solver_threads"):
+            if name in options:
+                kwargs[name] = _positive_int(name, options[name])
+        if "codecs" in options:
+            value = options["codecs"]
+            if value is not None:
+                if isinstance(value, str):
+                    value = tuple(v for v in value.split(",") if v)
+                value = tuple(str(v) for v in value)
+            kwargs["codecs"] = value
+        dump_dir = options.get("dump_dir", os.environ.get("ADACC_DUMP_DIR"))
+        kwargs["dump_dir"] = str(dump_dir) if dump_dir else None
+        config = AdaccConfig(**kwargs)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        _choice("planner", self.planner, PLANNERS)
+        _choice("on_infeasible", self.on_infeasible, ON_INFEASIBLE)
+        _choice("accuracy", self.accuracy, ACCURACY_MODES)
+        if self.codecs:
+            from adacc_compile.kernels import available_codecs
+
+            bad = sorted(set(self.codecs) - set(available_codecs()))
+            if bad:
+                raise ValueError(
+                    f"unknown codec(s) {bad}; available codecs: {available_codecs()}"
+                )
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys) used for hashing and dumps."""
+        data = dataclasses.asdict(self)
+        return json.dumps(data, sort_keys=True, default=str)
+
+
+def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ValueError(f"{name}={value!r} is not one of: {', '.join(valid)}")
+
+
+def _positive_float(name: str, value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r} must be a positive number") from None
+    if not out > 0:
+        raise ValueError(f"{name}={value!r} must be a positive number")
+    return out
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive int")
+    return value

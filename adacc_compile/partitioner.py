@@ -1,0 +1,73 @@
+"""`AdaccPartitioner`: the object Inductor / AOTAutograd call to split the
+joint graph into forward and backward.
+
+It is Inductor's ``custom_partitioner_fn`` for ``backend="adacc"`` and the
+``partition_fn`` of AOTAutograd for ``backend="adacc_eager"``. All the work
+is the pipeline (`adacc_compile.pipeline`); this class only adapts the
+calling conventions and provides ``uuid()`` for Inductor's FX graph cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+from typing import Any, Sequence
+
+import torch.fx as fx
+
+from adacc_compile import compat
+from adacc_compile.config import AdaccConfig
+from adacc_compile.pipeline import PartitionState, run_pipeline
+
+_SOURCE_ROOTS = (pathlib.Path(__file__).parent,)
+
+
+def _source_digest() -> str:
+    """Hash of adacc's own sources: a code change invalidates cached graphs."""
+    from adacc_compile import kernels, passes
+
+    digest = hashlib.sha256()
+    roots = (*_SOURCE_ROOTS, pathlib.Path(passes.__file__).parent, pathlib.Path(kernels.__file__).parent)
+    for root in roots:
+        for path in sorted(root.glob("*.py")):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
+    """Plans saved activations for one joint graph under ``config``."""
+
+    def __init__(self, config: AdaccConfig):
+        self.config = config
+        self.reports: list[dict[str, Any]] = []
+        """One ``{"summary": ..., "plan": [...]}`` per partitioned graph."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "AdaccPartitioner":
+        # Inductor deep-copies its config patches; sharing the instance keeps
+        # `reports` visible to the caller (the config itself is immutable).
+        return self
+
+    def __call__(
+        self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
+    ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        num_fwd_outputs = kwargs.get("num_fwd_outputs")
+        if num_fwd_outputs is None:
+            raise TypeError("AdaccPartitioner needs num_fwd_outputs (passed by AOTAutograd)")
+        state = PartitionState(
+            joint=gm,
+            config=self.config,
+            num_fwd_outputs=int(num_fwd_outputs),
+            static_lifetime_input_indices=list(kwargs.get("static_lifetime_input_indices") or []),
+        )
+        run_pipeline(state)
+        self.reports.append(state.report)
+        assert state.fw_module is not None and state.bw_module is not None
+        return state.fw_module, state.bw_module
+
+    def uuid(self) -> str:
+        """Config + adacc sources: a graph planned under other options or by
+        other code is never served from Inductor's cache."""
+        return hashlib.sha256(
+            (self.config.to_json() + _source_digest()).encode()
+        ).hexdigest()

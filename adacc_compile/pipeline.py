@@ -1,0 +1,197 @@
+"""The adacc pipeline: ordered stages over one joint graph, and their runner.
+
+    prepare   PyTorch's own joint-graph clean-ups (dead code, must-save tags)
+    classify  which nodes are forward and which backward
+    annotate  bytes, FLOPs, runtime, op class, layer per node
+    candidates  the plan problem: forward values the backward may need
+    budget    the budget in bytes; baseline and reachable minimum
+    plan      policy (MILP) -> decisions; rewrite + simulate; tighten until
+              the simulated activation peak fits
+    verify    invariants of the fw/bw split
+    report    summary, plan table, dumps, structured logs
+
+Each stage is a plain function ``stage(state) -> None`` that fills fields of
+`PartitionState`; the runner times every stage, lints the graphs a stage
+produced, and lets callers skip optional stages by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch.fx as fx
+
+from adacc_compile import compat
+from adacc_compile.config import AdaccConfig
+from adacc_compile.passes.annotate import annotate
+from adacc_compile.passes.budget import BudgetResolution, resolve_budget
+from adacc_compile.passes.candidates import CandidateSet, find_candidates
+from adacc_compile.passes.device_profile import DeviceProfile, profile_by_name
+from adacc_compile.passes.memory_sim import MemoryTimeline, simulate_step
+from adacc_compile.passes.milp import SolverOptions
+from adacc_compile.passes.plan_problem import PlanSolution, check_solution
+from adacc_compile.passes.policies import get_policy
+from adacc_compile.passes.rewrite import saved_values_for, split_joint_graph
+from adacc_compile.passes.verify import verify_split
+
+log = logging.getLogger("adacc")
+
+OPTIONAL_STAGES = frozenset({"verify", "report"})
+
+
+@dataclass(slots=True, kw_only=True)
+class PartitionState:
+    """Everything the stages produce for one joint graph."""
+
+    joint: fx.GraphModule
+    config: AdaccConfig
+    num_fwd_outputs: int
+    static_lifetime_input_indices: list[int] = field(default_factory=list)
+    graph_index: int = 0
+    info: compat.JointGraphInfo | None = None
+    profile: DeviceProfile | None = None
+    candidates: CandidateSet | None = None
+    budget: BudgetResolution | None = None
+    solution: PlanSolution | None = None
+    saved_values: list[fx.Node] = field(default_factory=list)
+    fw_module: fx.GraphModule | None = None
+    bw_module: fx.GraphModule | None = None
+    timeline: MemoryTimeline | None = None
+    replans: int = 0
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    report: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def solver_options(self) -> SolverOptions:
+        return SolverOptions(
+            time_limit_s=self.config.solver_time_limit_s,
+            mip_rel_gap=self.config.mip_rel_gap,
+            threads=self.config.solver_threads,
+        )
+
+    @property
+    def forward_names(self) -> set[str]:
+        assert self.info is not None
+        return {n.name for n in self.info.forward_nodes}
+
+
+def prepare(state: PartitionState) -> None:
+    state.joint = compat.prepare_joint_graph(state.joint)
+
+
+def classify(state: PartitionState) -> None:
+    state.info = compat.classify_joint_graph(
+        state.joint, state.static_lifetime_input_indices, state.num_fwd_outputs
+    )
+
+
+def annotate_stage(state: PartitionState) -> None:
+    assert state.info is not None
+    state.profile = profile_by_name(state.config.device_profile)
+    annotate(state.joint, state.profile, state.info.backward_nodes)
+
+
+def candidates_stage(state: PartitionState) -> None:
+    assert state.info is not None
+    state.candidates = find_candidates(state.joint, state.info)
+
+
+def budget_stage(state: PartitionState) -> None:
+    assert state.candidates is not None
+    state.budget = resolve_budget(
+        state.candidates.problem,
+        state.config.memory_budget,
+        state.solver_options,
+        on_infeasible=state.config.on_infeasible,
+    )
+
+
+def plan_stage(state: PartitionState) -> None:
+    """Solve, split, simulate; while the simulated activation peak exceeds
+    the budget, lower the boundary cap by the excess and solve again."""
+    assert state.candidates is not None and state.budget is not None and state.info is not None
+    policy = get_policy(state.config.planner)
+    target = state.budget.budget_bytes
+    cap = target
+    best = None
+    for attempt in range(state.config.max_replans + 1):
+        problem = dataclasses.replace(state.candidates.problem, budget_bytes=cap)
+        solution = policy(problem, state.solver_options)
+        if solution.status == "infeasible":
+            break
+        errors = check_solution(dataclasses.replace(problem, budget_bytes=None), solution)
+        if errors:
+            raise RuntimeError(f"adacc planner {solution.solver} produced an illegal plan: {errors}")
+        saved = saved_values_for(state.joint, state.info, state.candidates, solution)
+        fw, bw = split_joint_graph(state.joint, state.info, saved, num_fwd_outputs=state.num_fwd_outputs)
+        timeline = simulate_step(
+            fw, bw, num_fwd_outputs=state.num_fwd_outputs, forward_names=state.forward_names
+        )
+        best = (solution, saved, fw, bw, timeline)
+        state.replans = attempt
+        excess = timeline.activation_peak_bytes - target
+        if excess <= 0 or state.config.planner in ("keep_all", "recompute_all"):
+            break
+        new_cap = min(cap - excess, timeline.saved_bytes - excess)
+        if new_cap < state.budget.minimum_bytes or new_cap >= cap:
+            break
+        cap = new_cap
+    if best is None:
+        raise RuntimeError(
+            f"adacc: planner {state.config.planner!r} found no plan within "
+            f"{target} bytes (reachable minimum {state.budget.minimum_bytes})"
+        )
+    state.solution, state.saved_values, state.fw_module, state.bw_module, state.timeline = best
+
+
+def verify_stage(state: PartitionState) -> None:
+    assert state.fw_module is not None and state.bw_module is not None
+    assert state.candidates is not None and state.solution is not None
+    verify_split(
+        state.fw_module,
+        state.bw_module,
+        candidates=state.candidates,
+        solution=state.solution,
+        forward_names=state.forward_names,
+        num_fwd_outputs=state.num_fwd_outputs,
+    )
+
+
+def report_stage(state: PartitionState) -> None:
+    from adacc_compile.report import publish
+
+    publish(state)
+
+
+STAGES: tuple[tuple[str, Callable[[PartitionState], None]], ...] = (
+    ("prepare", prepare),
+    ("classify", classify),
+    ("annotate", annotate_stage),
+    ("candidates", candidates_stage),
+    ("budget", budget_stage),
+    ("plan", plan_stage),
+    ("verify", verify_stage),
+    ("report", report_stage),
+)
+
+
+def run_pipeline(state: PartitionState, skip: frozenset[str] = frozenset()) -> PartitionState:
+    """Runs `STAGES` in order; only `OPTIONAL_STAGES` may be skipped."""
+    bad = skip - OPTIONAL_STAGES
+    if bad:
+        raise ValueError(f"cannot skip stage(s) {sorted(bad)}; optional: {sorted(OPTIONAL_STAGES)}")
+    for name, stage in STAGES:
+        if name in skip:
+            continue
+        start = time.perf_counter()
+        stage(state)
+        state.stage_seconds[name] = time.perf_counter() - start
+        for gm in (state.fw_module, state.bw_module) if name == "plan" else ():
+            assert gm is not None
+            gm.graph.lint()
+        log.debug("adacc stage %s took %.3f s", name, state.stage_seconds[name])
+    return state

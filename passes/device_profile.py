@@ -1,0 +1,161 @@
+"""Roofline cost model of a device: how long an op takes from FLOPs and bytes.
+
+The planner trades memory against *time*, so every node needs a runtime
+estimate before anything runs. A roofline (max of compute time and memory
+time, plus a launch overhead) is coarse but monotone in the right quantities,
+which is what a MILP that compares "recompute a matmul" with "recompute a
+norm" needs. Built-in profiles cover common GPUs (vendor datasheet peaks,
+dense, derated to what kernels reach); `calibrate` measures the current
+device, CPU included, once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceProfile:
+    """Peak rates of one device, as the cost model uses them."""
+
+    name: str
+    """Human-readable device name."""
+    matmul_flops_per_s: dict[str, float] = field(default_factory=dict)
+    """Achievable matmul FLOP/s per dtype name ("float32", "bfloat16", ...)."""
+    elementwise_flops_per_s: float = 1e12
+    """Achievable FLOP/s for non-matmul ops."""
+    memory_bytes_per_s: float = 1e11
+    """Achievable memory bandwidth (read + write)."""
+    launch_overhead_s: float = 5e-6
+    """Fixed cost per kernel."""
+
+    def matmul_rate(self, dtype: torch.dtype | None) -> float:
+        key = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
+        if key in self.matmul_flops_per_s:
+            return self.matmul_flops_per_s[key]
+        return self.matmul_flops_per_s.get("float32", self.elementwise_flops_per_s)
+
+    def runtime_s(
+        self, *, flops: int, bytes_moved: int, is_matmul: bool, dtype: torch.dtype | None
+    ) -> float:
+        """Roofline: max(compute time, memory time) + launch overhead."""
+        rate = self.matmul_rate(dtype) if is_matmul else self.elementwise_flops_per_s
+        return max(flops / rate, bytes_moved / self.memory_bytes_per_s) + self.launch_overhead_s
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "matmul_flops_per_s": dict(self.matmul_flops_per_s),
+            "elementwise_flops_per_s": self.elementwise_flops_per_s,
+            "memory_bytes_per_s": self.memory_bytes_per_s,
+            "launch_overhead_s": self.launch_overhead_s,
+        }
+
+
+def _gpu(name: str, bf16: float, tf32: float, fp32: float, bandwidth: float) -> DeviceProfile:
+    # Datasheet peaks derated to ~70% (matmul) / ~85% (bandwidth), what tuned
+    # kernels reach in practice.
+    return DeviceProfile(
+        name=name,
+        matmul_flops_per_s={
+            "bfloat16": 0.7 * bf16,
+            "float16": 0.7 * bf16,
+            "float8_e4m3fn": 1.4 * bf16,
+            "float32": 0.7 * (tf32 if torch.backends.cuda.matmul.allow_tf32 else fp32),
+        },
+        elementwise_flops_per_s=0.7 * fp32,
+        memory_bytes_per_s=0.85 * bandwidth,
+        launch_overhead_s=4e-6,
+    )
+
+
+BUILTIN_PROFILES: dict[str, DeviceProfile] = {
+    "a100": _gpu("NVIDIA A100-SXM4-80GB", 312e12, 156e12, 19.5e12, 2.04e12),
+    "h100": _gpu("NVIDIA H100 SXM", 989e12, 495e12, 67e12, 3.35e12),
+    "h200": _gpu("NVIDIA H200", 989e12, 495e12, 67e12, 4.8e12),
+}
+
+
+def profile_by_name(name: str) -> DeviceProfile:
+    """A built-in profile, "cpu"/"calibrate" (measured), or "auto"."""
+    key = name.lower()
+    if key in BUILTIN_PROFILES:
+        return BUILTIN_PROFILES[key]
+    if key in ("cpu", "calibrate"):
+        device = "cpu" if key == "cpu" or not torch.cuda.is_available() else "cuda"
+        return calibrate(device)
+    if key == "auto":
+        return detect_profile()
+    valid = ", ".join([*BUILTIN_PROFILES, "cpu", "calibrate", "auto"])
+    raise ValueError(f"device_profile={name!r} is not one of: {valid}")
+
+
+def detect_profile() -> DeviceProfile:
+    """Built-in profile for the current GPU if known, else a calibrated one."""
+    if torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name().lower()
+        for key, profile in BUILTIN_PROFILES.items():
+            if key in gpu:
+                return profile
+        return calibrate("cuda")
+    return calibrate("cpu")
+
+
+@functools.lru_cache(maxsize=None)
+def calibrate(device: str = "cpu") -> DeviceProfile:
+    """Measures matmul FLOP/s, copy bandwidth and launch overhead (cached).
+
+    Small sizes keep this under a second on a CPU; the medians of a few
+    repeats resist noise from a shared machine.
+    """
+    dev = torch.device(device)
+    matmul = {"float32": _matmul_rate(dev, torch.float32, 512)}
+    if dev.type == "cuda":
+        matmul["bfloat16"] = _matmul_rate(dev, torch.bfloat16, 4096)
+        matmul["float16"] = matmul["bfloat16"]
+        matmul["float32"] = _matmul_rate(dev, torch.float32, 4096)
+    else:
+        matmul["bfloat16"] = _matmul_rate(dev, torch.bfloat16, 256)
+        matmul["float16"] = matmul["bfloat16"]
+    numel = (1 << 24) if dev.type == "cuda" else (1 << 21)
+    src = torch.empty(numel, dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    copy_s = _median_seconds(lambda: dst.copy_(src), dev)
+    bandwidth = 2 * src.numel() * src.element_size() / copy_s
+    tiny = torch.ones(1, device=dev)
+    launch = _median_seconds(lambda: tiny.add(1), dev, repeats=20)
+    add_numel = torch.empty(numel // 4, device=dev)
+    add_s = _median_seconds(lambda: add_numel.mul(2.0), dev)
+    return DeviceProfile(
+        name=f"calibrated {dev.type}",
+        matmul_flops_per_s=matmul,
+        elementwise_flops_per_s=max(add_numel.numel() / add_s, 1e8),
+        memory_bytes_per_s=bandwidth,
+        launch_overhead_s=launch,
+    )
+
+
+def _matmul_rate(device: torch.device, dtype: torch.dtype, n: int) -> float:
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    seconds = _median_seconds(lambda: a @ b, device)
+    return 2 * n**3 / seconds
+
+
+def _median_seconds(fn, device: torch.device, repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return max(times[len(times) // 2], 1e-9)

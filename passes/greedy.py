@@ -1,0 +1,107 @@
+"""Greedy planner: the fallback when HiGHS hits its time limit without a
+solution, and a baseline in benchmarks.
+
+Starts from the runtime-optimal plan (keep everything the backward reads)
+and, while the saved bytes exceed the budget, applies the single change with
+the most bytes freed per second added: recompute a kept value (making its
+inputs available, recursively, by recompute where legal, else by keeping
+them) or compress it with one of its codecs.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .plan_problem import (
+    Candidate,
+    Choice,
+    Decision,
+    PlanProblem,
+    PlanSolution,
+    added_seconds,
+    saved_bytes,
+)
+
+
+def solve_greedy(problem: PlanProblem) -> PlanSolution:
+    start = time.perf_counter()
+    by_name = problem.by_name()
+    state: dict[str, Choice] = {}
+    try:
+        for cand in problem.candidates:
+            if cand.required:
+                _make_available(cand.name, by_name, state, prefer_keep=True)
+    except _Stuck as stuck:
+        return PlanSolution(
+            choices={}, status="infeasible", solver="greedy", notes=(str(stuck),)
+        )
+    budget = problem.budget_bytes
+    while budget is not None and _bytes(problem, state) > budget:
+        best, best_score = None, 0.0
+        current_bytes, current_time = _bytes(problem, state), _time(problem, state)
+        for name, choice in list(state.items()):
+            if choice.decision is not Decision.KEEP:
+                continue
+            for trial in _trials(by_name[name], by_name, state):
+                freed = current_bytes - _bytes(problem, trial)
+                if freed <= 0:
+                    continue
+                score = freed / (_time(problem, trial) - current_time + 1e-12)
+                if score > best_score:
+                    best, best_score = trial, score
+        if best is None:
+            break
+        state = best
+    fits = budget is None or _bytes(problem, state) <= budget
+    return PlanSolution(
+        choices=dict(state),
+        status="greedy" if fits else "infeasible",
+        solver="greedy",
+        solve_seconds=time.perf_counter() - start,
+    )
+
+
+class _Stuck(Exception):
+    pass
+
+
+def _trials(cand: Candidate, by_name: dict[str, Candidate], state: dict[str, Choice]):
+    if cand.can_recompute:
+        trial = dict(state)
+        trial[cand.name] = Choice(decision=Decision.RECOMPUTE)
+        try:
+            for inp in cand.inputs:
+                if inp in by_name:
+                    _make_available(inp, by_name, trial, prefer_keep=False)
+            yield trial
+        except _Stuck:
+            pass
+    for option in cand.compress:
+        trial = dict(state)
+        trial[cand.name] = Choice(decision=Decision.COMPRESS, codec=option.codec)
+        yield trial
+
+
+def _make_available(
+    name: str, by_name: dict[str, Candidate], state: dict[str, Choice], *, prefer_keep: bool
+) -> None:
+    if name in state:
+        return
+    cand = by_name[name]
+    if cand.can_keep and (prefer_keep or not cand.can_recompute):
+        state[name] = Choice(decision=Decision.KEEP)
+        return
+    if not cand.can_recompute:
+        raise _Stuck(f"{name} can be neither kept nor recomputed")
+    state[name] = Choice(decision=Decision.RECOMPUTE)
+    for inp in cand.inputs:
+        if inp in by_name:
+            _make_available(inp, by_name, state, prefer_keep=prefer_keep)
+
+
+def _bytes(problem: PlanProblem, state: dict[str, Choice]) -> int:
+    return saved_bytes(problem, PlanSolution(choices=state, status="", solver=""))
+
+
+def _time(problem: PlanProblem, state: dict[str, Choice]) -> float:
+    return added_seconds(problem, PlanSolution(choices=state, status="", solver=""))

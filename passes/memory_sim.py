@@ -1,0 +1,216 @@
+"""Memory simulator: the peak memory of one training step of a plan.
+
+Walks the extracted forward graph and then the backward graph in execution
+order, allocating each node's new output storage and freeing a storage when
+the last node that reads any alias of it has run (graph outputs excepted).
+Saved tensors stay alive from the forward into the backward until their last
+backward use; gradients stay alive to the end of the step. Views and
+``getitem`` share their base's storage. Graph inputs (parameters, data,
+tangents) exist before the step and are not counted.
+
+This is the same accounting a caching allocator sees for the step's own
+tensors (minus rounding), which is why `bench/` compares it with
+``torch.cuda.max_memory_allocated`` on GPU and with the profiler's allocator
+trace on CPU (`adacc_compile.measure`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+import torch.fx as fx
+
+from adacc_compile.compat import concrete_int
+
+from .op_class import is_view_op
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryEvent:
+    phase: str
+    """"forward" or "backward"."""
+    node: str
+    live_bytes: int
+    activation_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryTimeline:
+    peak_bytes: int
+    """Peak of all bytes the step allocates."""
+    activation_peak_bytes: int
+    """Peak of forward-produced bytes alive for the backward: saved values
+    plus values recomputed inside the backward."""
+    saved_bytes: int
+    """Bytes held at the forward/backward boundary."""
+    events: tuple[MemoryEvent, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "peak_bytes": self.peak_bytes,
+            "activation_peak_bytes": self.activation_peak_bytes,
+            "saved_bytes": self.saved_bytes,
+            "events": [
+                [e.phase, e.node, e.live_bytes, e.activation_bytes] for e in self.events
+            ],
+        }
+
+
+@dataclass(slots=True, eq=False)
+class _Storage:
+    nbytes: int
+    refs: int = 0
+    """Nodes (alive, not yet fully read) aliasing this storage."""
+    activation: bool = False
+
+
+@dataclass(slots=True)
+class _State:
+    live: int = 0
+    activation: int = 0
+    peak: int = 0
+    activation_peak: int = 0
+    events: list[MemoryEvent] = field(default_factory=list)
+
+    def alloc(self, storage: _Storage) -> None:
+        self.live += storage.nbytes
+        if storage.activation:
+            self.activation += storage.nbytes
+
+    def free(self, storage: _Storage) -> None:
+        self.live -= storage.nbytes
+        if storage.activation:
+            self.activation -= storage.nbytes
+
+    def record(self, phase: str, node: str) -> None:
+        self.peak = max(self.peak, self.live)
+        self.activation_peak = max(self.activation_peak, self.activation)
+        self.events.append(MemoryEvent(phase=phase, node=node, live_bytes=self.live, activation_bytes=self.activation))
+
+
+def simulate_step(
+    fw_module: fx.GraphModule,
+    bw_module: fx.GraphModule,
+    *,
+    num_fwd_outputs: int,
+    forward_names: Iterable[str] = (),
+) -> MemoryTimeline:
+    """Simulates forward then backward; ``forward_names`` are the joint
+    graph's forward node names (a backward node with such a name is a
+    recomputation and counts as activation memory)."""
+    state = _State()
+    forward_names = set(forward_names)
+    fw_outputs = _output_nodes(fw_module)
+    saved_outputs = fw_outputs[num_fwd_outputs:]
+    fw_storages = _run_graph(fw_module, state, "forward", keep=set(fw_outputs), activation_names=set())
+    saved_storages: dict[int, _Storage] = {}
+    for out in saved_outputs:
+        for storage in fw_storages.get(out, ()):
+            storage.activation = True
+            saved_storages[id(storage)] = storage
+    # Storages that reach the boundary are now "activations"; the backward's
+    # placeholders take over their references.
+    state.activation = sum(s.nbytes for s in saved_storages.values())
+    saved_bytes = state.activation
+    for storage in saved_storages.values():
+        storage.refs = 0
+    state.record("forward", "<boundary>")
+    bw_inputs = [n for n in bw_module.graph.nodes if n.op == "placeholder"]
+    saved_by_name = {n.name: fw_storages.get(n, []) for n in saved_outputs}
+    preset = {}
+    for node in bw_inputs:
+        storages = saved_by_name.get(node.name)
+        if storages:
+            preset[node] = storages
+    for storage in saved_storages.values():
+        if not any(any(storage is x for x in v) for v in preset.values()):
+            state.free(storage)  # saved but never read: freed at once
+    _run_graph(
+        bw_module,
+        state,
+        "backward",
+        keep=set(_output_nodes(bw_module)),
+        activation_names=forward_names,
+        preset=preset,
+    )
+    return MemoryTimeline(
+        peak_bytes=state.peak,
+        activation_peak_bytes=max(state.activation_peak, saved_bytes),
+        saved_bytes=saved_bytes,
+        events=tuple(state.events),
+    )
+
+
+def _output_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    flat = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+    return [n if isinstance(n, fx.Node) else None for n in flat]  # type: ignore[misc]
+
+
+def _run_graph(
+    gm: fx.GraphModule,
+    state: _State,
+    phase: str,
+    *,
+    keep: set[fx.Node],
+    activation_names: set[str],
+    preset: dict[fx.Node, list[_Storage]] | None = None,
+) -> dict[fx.Node, list[_Storage]]:
+    """Allocates and frees storages in node order; returns node -> storages."""
+    nodes = list(gm.graph.nodes)
+    last_use: dict[fx.Node, int] = {}
+    for index, node in enumerate(nodes):
+        for arg in node.all_input_nodes:
+            last_use[arg] = index
+    storages: dict[fx.Node, list[_Storage]] = {}
+    preset = preset or {}
+    for index, node in enumerate(nodes):
+        if node.op == "placeholder":
+            storages[node] = preset.get(node, [])
+            for storage in storages[node]:
+                storage.refs += 1
+        elif node.op == "call_function":
+            storages[node] = _outputs_of(node, storages, node.name in activation_names)
+            for storage in storages[node]:
+                if storage.refs == 0:
+                    state.alloc(storage)
+                storage.refs += 1
+        elif node.op == "output":
+            state.record(phase, "<output>")
+            continue
+        else:
+            storages[node] = []
+        state.record(phase, node.name)
+        # Free what this node was the last reader of (and dead outputs).
+        dying = [a for a in node.all_input_nodes if last_use.get(a) == index]
+        if node not in last_use and node.op == "call_function":
+            dying.append(node)
+        for dead in dying:
+            if dead in keep:
+                continue
+            for storage in storages.get(dead, ()):
+                storage.refs -= 1
+                if storage.refs == 0:
+                    state.free(storage)
+    return storages
+
+
+def _outputs_of(
+    node: fx.Node, storages: dict[fx.Node, list[_Storage]], activation: bool
+) -> list[_Storage]:
+    if is_view_op(node):
+        base = node.args[0]
+        base_storages = storages.get(base, []) if isinstance(base, fx.Node) else []
+        if getattr(node.target, "__name__", "") == "getitem" and len(base_storages) > 1:
+            index = node.args[1]
+            return [base_storages[index]] if isinstance(index, int) and index < len(base_storages) else []
+        return list(base_storages[:1])
+    val = node.meta.get("val")
+    values = val if isinstance(val, (list, tuple)) else [val]
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(_Storage(nbytes=concrete_int(v.numel()) * v.element_size(), activation=activation))
+    return out

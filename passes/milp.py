@@ -1,0 +1,218 @@
+"""The retain / recompute / compress MILP, built and solved with HiGHS.
+
+Variables, for every candidate value v (only the legal ones exist):
+``keep[v]``, ``rec[v]``, ``comp[v, c]`` per codec option c, all binary.
+
+* one option at most: ``keep + rec + Σc comp ≤ 1``, and ``= 1`` where a
+  backward node reads v;
+* recompute needs inputs: ``rec[v] ≤ keep[u] + rec[u] + Σc comp[u, c]`` for
+  every candidate input u (graph inputs and parameters are always there);
+* memory at the forward/backward boundary:
+  ``Σ keep·bytes + Σ comp·compressed_bytes ≤ budget``;
+* objective: added time ``Σ rec·t_rec + Σ comp·t_codec`` (µs), plus a tie
+  break worth at most 0.1% of the cheapest option that prefers fewer bytes.
+
+Only this module imports highspy. The model is passed to HiGHS as one
+row-wise sparse matrix (fast even for tens of thousands of variables) and
+can be written as an ``.lp`` file for inspection.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import highspy
+import numpy as np
+
+from .plan_problem import Candidate, Choice, Decision, PlanProblem, PlanSolution
+
+_US = 1e6
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SolverOptions:
+    time_limit_s: float = 30.0
+    mip_rel_gap: float = 1e-4
+    threads: int = 1
+    lp_path: str | None = None
+    """Write the model here (HiGHS ``.lp`` format) before solving."""
+
+
+@dataclass(slots=True)
+class _Var:
+    candidate: str
+    decision: Decision
+    codec: str | None
+    seconds: float
+    nbytes: int
+
+
+@dataclass(slots=True)
+class _Model:
+    vars: list[_Var] = field(default_factory=list)
+    by_candidate: dict[str, list[int]] = field(default_factory=dict)
+    rows: list[tuple[float, float, list[int], list[float], str]] = field(default_factory=list)
+
+    def add_var(self, var: _Var) -> int:
+        self.vars.append(var)
+        index = len(self.vars) - 1
+        self.by_candidate.setdefault(var.candidate, []).append(index)
+        return index
+
+
+def solve_milp(
+    problem: PlanProblem,
+    options: SolverOptions = SolverOptions(),
+    *,
+    minimize: str = "time",
+    time_cap_s: float | None = None,
+) -> PlanSolution:
+    """Solves ``problem``.
+
+    Args:
+        minimize: "time" (added seconds, the normal objective) or "bytes"
+            (saved bytes: finds the reachable minimum and the runtime-optimal
+            baseline's footprint).
+        time_cap_s: with ``minimize="bytes"``, cap the added time (used to
+            find the smallest footprint among time-optimal plans).
+    """
+    stuck = [c.name for c in problem.candidates if c.required and not _options(c)]
+    if stuck:
+        note = f"required values with no legal option: {stuck}"
+        return PlanSolution(choices={}, status="infeasible", solver="milp", notes=(note,))
+    model = _build(problem, minimize=minimize, time_cap_s=time_cap_s)
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.setOptionValue("time_limit", float(options.time_limit_s))
+    highs.setOptionValue("mip_rel_gap", float(options.mip_rel_gap))
+    highs.setOptionValue("threads", int(options.threads))
+    highs.setOptionValue("random_seed", 0)
+    highs.passModel(_to_lp(model, minimize, problem))
+    if options.lp_path:
+        highs.writeModel(options.lp_path)
+    start = time.perf_counter()
+    highs.run()
+    seconds = time.perf_counter() - start
+    status = highs.getModelStatus()
+    has_solution = highs.getInfo().primal_solution_status == 2  # kSolutionStatusFeasible
+    if status == highspy.HighsModelStatus.kOptimal:
+        label = "optimal"
+    elif status in (highspy.HighsModelStatus.kInfeasible,):
+        return PlanSolution(choices={}, status="infeasible", solver="milp", solve_seconds=seconds)
+    elif has_solution:
+        label = "time_limit" if status == highspy.HighsModelStatus.kTimeLimit else "feasible"
+    else:
+        return PlanSolution(
+            choices={}, status=highs.modelStatusToString(status), solver="milp", solve_seconds=seconds
+        )
+    values = np.asarray(highs.getSolution().col_value)
+    choices: dict[str, Choice] = {}
+    for index, var in enumerate(model.vars):
+        if values[index] > 0.5:
+            choices[var.candidate] = Choice(decision=var.decision, codec=var.codec)
+    return PlanSolution(choices=choices, status=label, solver="milp", solve_seconds=seconds)
+
+
+def _build(problem: PlanProblem, *, minimize: str, time_cap_s: float | None) -> _Model:
+    if minimize not in ("time", "bytes"):
+        raise ValueError(f"minimize={minimize!r} must be 'time' or 'bytes'")
+    model = _Model()
+    for cand in problem.candidates:
+        for var in _options(cand):
+            model.add_var(var)
+    names = {c.name for c in problem.candidates}
+    for cand in problem.candidates:
+        own = model.by_candidate.get(cand.name, [])
+        lower = 1.0 if cand.required else 0.0
+        if own:
+            model.rows.append((lower, 1.0, own, [1.0] * len(own), f"one_{cand.name}"))
+        rec = [i for i in own if model.vars[i].decision is Decision.RECOMPUTE]
+        for r in rec:
+            for inp in dict.fromkeys(cand.inputs):
+                if inp not in names:
+                    continue
+                supply = model.by_candidate.get(inp, [])
+                # rec[v] - Σ avail[u] ≤ 0
+                model.rows.append(
+                    (-np.inf, 0.0, [r, *supply], [1.0] + [-1.0] * len(supply), f"dep_{cand.name}_{inp}")
+                )
+    held = [i for i, v in enumerate(model.vars) if v.decision is not Decision.RECOMPUTE]
+    if problem.budget_bytes is not None and held:
+        model.rows.append(
+            (-np.inf, float(problem.budget_bytes), held, [float(model.vars[i].nbytes) for i in held], "budget")
+        )
+    if time_cap_s is not None:
+        timed = [i for i, v in enumerate(model.vars) if v.seconds > 0]
+        if timed:
+            cap = time_cap_s * _US * (1 + 1e-6) + 1e-6
+            model.rows.append(
+                (-np.inf, cap, timed, [model.vars[i].seconds * _US for i in timed], "time_cap")
+            )
+    return model
+
+
+def _options(cand: Candidate) -> list[_Var]:
+    out = []
+    if cand.can_keep:
+        out.append(_Var(cand.name, Decision.KEEP, None, 0.0, cand.keep_bytes))
+    if cand.can_recompute:
+        out.append(_Var(cand.name, Decision.RECOMPUTE, None, cand.recompute_seconds, 0))
+    for opt in cand.compress:
+        out.append(_Var(cand.name, Decision.COMPRESS, opt.codec, opt.seconds, opt.nbytes))
+    return out
+
+
+def _to_lp(model: _Model, minimize: str, problem: PlanProblem) -> highspy.HighsLp:
+    n = len(model.vars)
+    seconds = np.array([v.seconds * _US for v in model.vars], dtype=np.float64)
+    nbytes = np.array([float(v.nbytes) for v in model.vars], dtype=np.float64)
+    if minimize == "time":
+        positive = seconds[seconds > 0]
+        cheapest = float(positive.min()) if positive.size else 1.0
+        total_bytes = float(nbytes.sum()) or 1.0
+        cost = seconds + 1e-3 * cheapest * nbytes / total_bytes
+    else:
+        cost = nbytes / 2**20
+    lp = highspy.HighsLp()
+    lp.num_col_ = n
+    lp.num_row_ = len(model.rows)
+    lp.col_cost_ = cost
+    lp.col_lower_ = np.zeros(n)
+    lp.col_upper_ = np.ones(n)
+    lp.col_names_ = [_var_name(i, v) for i, v in enumerate(model.vars)]
+    lp.row_lower_ = np.array([r[0] for r in model.rows], dtype=np.float64)
+    lp.row_upper_ = np.array([r[1] for r in model.rows], dtype=np.float64)
+    lp.row_names_ = [_safe(r[4]) + f"_{i}" for i, r in enumerate(model.rows)]
+    starts, index, value = [0], [], []
+    for _lo, _hi, cols, coefs, _name in model.rows:
+        index.extend(cols)
+        value.extend(coefs)
+        starts.append(len(index))
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_ = n
+    lp.a_matrix_.num_row_ = len(model.rows)
+    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
+    lp.a_matrix_.value_ = np.array(value, dtype=np.float64)
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * n
+    lp.sense_ = highspy.ObjSense.kMinimize
+    return lp
+
+
+def _var_name(index: int, var: _Var) -> str:
+    suffix = var.decision.value if var.codec is None else f"comp_{var.codec}"
+    return _safe(f"{suffix}_{var.candidate}")[:200] + f"_{index}"
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+
+
+def write_lp(problem: PlanProblem, path: str) -> None:
+    """Writes the time-minimising model of ``problem`` to ``path`` (no solve)."""
+    model = _build(problem, minimize="time", time_cap_s=None)
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.passModel(_to_lp(model, "time", problem))
+    highs.writeModel(path)

@@ -1,0 +1,79 @@
+"""Decision policies, registered by name.
+
+A policy turns a `PlanProblem` into a `PlanSolution`; it never touches the
+graph. Registering the baselines next to the MILP gives tests hand-made
+decisions and gives `bench/` its baselines for free (STYLE.md point 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Callable
+
+from .greedy import _make_available, _Stuck, solve_greedy
+from .milp import SolverOptions, solve_milp
+from .plan_problem import Choice, PlanProblem, PlanSolution
+
+Policy = Callable[[PlanProblem, SolverOptions], PlanSolution]
+
+
+def milp_policy(problem: PlanProblem, options: SolverOptions) -> PlanSolution:
+    """HiGHS; falls back to greedy (with a warning) when it stops without a
+    feasible solution, e.g. on its time limit."""
+    solution = solve_milp(problem, options)
+    if solution.status in ("optimal", "time_limit", "feasible", "infeasible"):
+        if solution.status == "time_limit":
+            warnings.warn(
+                f"adacc: HiGHS hit its {options.time_limit_s:g} s time limit; using its best "
+                f"plan so far (raise solver_time_limit_s for an optimal one)",
+                stacklevel=2,
+            )
+        return solution
+    warnings.warn(
+        f"adacc: HiGHS stopped with status {solution.status!r} and no plan after "
+        f"{solution.solve_seconds:.1f} s (solver_time_limit_s={options.time_limit_s:g}); "
+        f"falling back to the greedy planner",
+        stacklevel=2,
+    )
+    fallback = solve_greedy(problem)
+    return dataclasses.replace(fallback, notes=(*fallback.notes, f"milp status {solution.status}"))
+
+
+def greedy_policy(problem: PlanProblem, options: SolverOptions) -> PlanSolution:
+    return solve_greedy(problem)
+
+
+def keep_all_policy(problem: PlanProblem, options: SolverOptions) -> PlanSolution:
+    """Save everything the backward reads (no recomputation, ignores the budget)."""
+    solution = solve_greedy(dataclasses.replace(problem, budget_bytes=None))
+    return dataclasses.replace(solution, solver="keep_all", status="heuristic")
+
+
+def recompute_all_policy(problem: PlanProblem, options: SolverOptions) -> PlanSolution:
+    """Recompute every value that may legally be recomputed (full activation
+    checkpointing at op granularity); keep only what cannot be recomputed."""
+    by_name = problem.by_name()
+    state: dict[str, Choice] = {}
+    try:
+        for cand in problem.candidates:
+            if cand.required:
+                _make_available(cand.name, by_name, state, prefer_keep=False)
+    except _Stuck as stuck:
+        return PlanSolution(choices={}, status="infeasible", solver="recompute_all", notes=(str(stuck),))
+    return PlanSolution(choices=state, status="heuristic", solver="recompute_all")
+
+
+POLICIES: dict[str, Policy] = {
+    "milp": milp_policy,
+    "greedy": greedy_policy,
+    "keep_all": keep_all_policy,
+    "recompute_all": recompute_all_policy,
+}
+
+
+def get_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown planner {name!r}; valid planners: {sorted(POLICIES)}") from None

@@ -1,0 +1,121 @@
+"""The MILP against brute-force enumeration on small problems."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from adacc_compile.passes.milp import SolverOptions, solve_milp
+from adacc_compile.passes.plan_problem import (
+    Candidate,
+    Choice,
+    CompressOption,
+    Decision,
+    PlanProblem,
+    PlanSolution,
+    added_seconds,
+    check_solution,
+    saved_bytes,
+)
+
+
+def brute_force(problem: PlanProblem) -> float | None:
+    """Minimum added time over every legal assignment (None: infeasible)."""
+    per_candidate = []
+    for cand in problem.candidates:
+        opts = [Choice(decision=Decision.NONE)]
+        if cand.can_keep:
+            opts.append(Choice(decision=Decision.KEEP))
+        if cand.can_recompute:
+            opts.append(Choice(decision=Decision.RECOMPUTE))
+        opts += [Choice(decision=Decision.COMPRESS, codec=o.codec) for o in cand.compress]
+        per_candidate.append(opts)
+    best = None
+    for combo in itertools.product(*per_candidate):
+        choices = {
+            c.name: ch for c, ch in zip(problem.candidates, combo) if ch.decision is not Decision.NONE
+        }
+        sol = PlanSolution(choices=choices, status="brute", solver="brute")
+        if check_solution(problem, sol):
+            continue
+        cost = added_seconds(problem, sol)
+        if best is None or cost < best:
+            best = cost
+    return best
+
+
+def random_problem(rng: random.Random, n: int, with_codecs: bool) -> PlanProblem:
+    cands = []
+    for i in range(n):
+        inputs = tuple(f"v{j}" for j in range(i) if rng.random() < 0.3)
+        compress = ()
+        if with_codecs and rng.random() < 0.4:
+            b = rng.randint(10, 100)
+            compress = (CompressOption(codec="c8", nbytes=b // 2, seconds=rng.uniform(0.5, 3) * 1e-6),)
+        cands.append(
+            Candidate(
+                name=f"v{i}",
+                keep_bytes=rng.randint(10, 100),
+                recompute_seconds=rng.uniform(0.1, 10) * 1e-6,
+                inputs=inputs,
+                required=rng.random() < 0.5,
+                can_keep=rng.random() > 0.1,
+                can_recompute=rng.random() > 0.15,
+                compress=compress,
+            )
+        )
+    total = sum(c.keep_bytes for c in cands)
+    return PlanProblem(candidates=tuple(cands), budget_bytes=int(total * rng.uniform(0.1, 0.7)))
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_milp_matches_brute_force(seed):
+    rng = random.Random(seed)
+    problem = random_problem(rng, n=rng.randint(4, 9), with_codecs=seed % 2 == 0)
+    expected = brute_force(problem)
+    solution = solve_milp(problem, SolverOptions(mip_rel_gap=0.0))
+    if expected is None:
+        assert solution.status == "infeasible"
+        return
+    assert solution.status == "optimal"
+    assert check_solution(problem, solution) == []
+    assert added_seconds(problem, solution) == pytest.approx(expected, rel=1e-6, abs=1e-12)
+
+
+def test_chain_recompute_needs_inputs():
+    """a -> b -> c, backward reads c; budget fits one value.
+
+    Keeping c costs 0 time; with a budget below c's bytes the cheapest legal
+    plan keeps a (the smallest) and recomputes b and c from it.
+    """
+    problem = PlanProblem(
+        candidates=(
+            Candidate(name="a", keep_bytes=10, recompute_seconds=5e-6, can_recompute=False),
+            Candidate(name="b", keep_bytes=40, recompute_seconds=1e-6, inputs=("a",)),
+            Candidate(name="c", keep_bytes=40, recompute_seconds=1e-6, inputs=("b",), required=True),
+        ),
+        budget_bytes=20,
+    )
+    sol = solve_milp(problem)
+    assert {k: v.decision for k, v in sol.choices.items()} == {
+        "a": Decision.KEEP,
+        "b": Decision.RECOMPUTE,
+        "c": Decision.RECOMPUTE,
+    }
+    assert saved_bytes(problem, sol) == 10
+
+
+def test_minimize_bytes_and_lp_file(tmp_path):
+    problem = PlanProblem(
+        candidates=(
+            Candidate(name="x", keep_bytes=100, recompute_seconds=1e-6, required=True),
+            Candidate(name="y", keep_bytes=8, recompute_seconds=1e-6, required=True, can_recompute=False),
+        ),
+    )
+    lp = tmp_path / "model.lp"
+    sol = solve_milp(problem, SolverOptions(lp_path=str(lp)), minimize="bytes")
+    assert saved_bytes(problem, sol) == 8
+    text = lp.read_text()
+    assert "keep_x" in text and "recompute_x" in text
