@@ -187,20 +187,31 @@ def inductor_compile(
 def eager_aot_compile(
     gm: fx.GraphModule, example_inputs: Sequence[Any], partition_fn: Callable[..., Any]
 ) -> Callable[..., Any]:
-    """AOTAutograd with ``partition_fn``; the fw/bw graphs run as plain FX."""
-    from functorch.compile import make_boxed_func
+    """AOTAutograd with ``partition_fn``; the fw/bw graphs run eagerly.
+
+    They run through ``torch.fx.Interpreter.boxed_run``: inputs (saved
+    activations included) and intermediates are freed right after their last
+    use, as Inductor's generated code does. FX's generated Python keeps some
+    inputs alive to the end of the graph, which would make measured memory
+    disagree with the plan.
+    """
     from torch._dynamo.backends.common import aot_autograd
 
-    def run_as_is(graph: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
-        return make_boxed_func(graph.forward)
-
     backend = aot_autograd(
-        fw_compiler=run_as_is,
-        bw_compiler=run_as_is,
+        fw_compiler=_interpreted,
+        bw_compiler=_interpreted,
         partition_fn=partition_fn,
         keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs)
+
+
+def _interpreted(gm: fx.GraphModule, _example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    def run(args: list[Any]) -> Any:
+        return fx.Interpreter(gm).boxed_run(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
 
 
 def custom_partitioner_base() -> type:
@@ -236,3 +247,34 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         kwargs = {k: v for k, v in kwargs.items() if k in params}
     return fn(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------
+# allocator trace (CPU peak-memory measurement)
+# --------------------------------------------------------------------------
+
+
+def allocator_totals(prof: Any) -> list[int]:
+    """Bytes allocated above the level at profiling start, after every
+    allocation and free that a ``torch.profiler.profile(profile_memory=True)``
+    run recorded, in time order.
+
+    The allocator reports a process-wide running total that drifts across
+    profiling sessions (frees made while not profiling are not seen), so the
+    totals are taken relative to the level just before the first event.
+    """
+    from torch._C._profiler import _EventType
+
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    events = []
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag == _EventType.Allocation:
+            fields = node.extra_fields
+            events.append((node.start_time_ns, fields.total_allocated, fields.alloc_size))
+    events.sort()
+    if not events:
+        return []
+    base = events[0][1] - events[0][2]
+    return [total - base for _time, total, _size in events]

@@ -51,14 +51,20 @@ def bitmask_payload_spec(shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpe
 
 
 def torch_bitmask_compress(x: torch.Tensor) -> list[torch.Tensor]:
-    """Packs ``x`` (bool) eight elements per byte, LSB first."""
+    """Packs ``x`` (bool) eight elements per byte, LSB first.
+
+    Works on byte columns (eight strided passes over n/8 bytes each), which
+    is several times faster on CPU than a weighted sum over int32 bits.
+    """
     check_input(x, codec=NAME, dtypes=_DTYPES)
-    flat = x.reshape(-1).to(torch.int32)  # reshape copies non-contiguous input once
+    flat = x.reshape(-1).view(torch.uint8)  # reshape copies non-contiguous input once
     n = flat.numel()
     nbytes = (n + 7) // 8
     bits = F.pad(flat, (0, nbytes * 8 - n)).view(nbytes, 8)
-    shifts = torch.arange(8, dtype=torch.int32, device=x.device)
-    return [(bits << shifts).sum(dim=1, dtype=torch.int32).to(torch.uint8)]
+    packed = bits[:, 0].clone()
+    for i in range(1, 8):
+        packed = packed | (bits[:, i] << i)
+    return [packed]
 
 
 def torch_bitmask_decompress(
@@ -69,9 +75,8 @@ def torch_bitmask_decompress(
     check_output_dtype(dtype, codec=NAME, dtypes=_DTYPES)
     check_payload(payload, bitmask_payload_spec(shape, dtype), codec=NAME)
     packed = payload[0]
-    shifts = torch.arange(8, dtype=torch.int32, device=packed.device)
-    bits = (packed.to(torch.int32).unsqueeze(1) >> shifts) & 1
-    return bits.reshape(-1)[: numel_of(shape)].to(torch.bool).reshape(shape)
+    bits = torch.stack([(packed >> i) & 1 for i in range(8)], dim=1)
+    return bits.reshape(-1)[: numel_of(shape)].view(torch.bool).reshape(shape)
 
 
 # --------------------------------------------------------------------------

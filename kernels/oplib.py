@@ -60,6 +60,7 @@ __all__ = [
     "check_payload",
     "check_shape",
     "error_stats",
+    "is_interpreted",
     "launch",
     "numel_of",
     "register_codec_ops",
@@ -107,8 +108,12 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _is_interpreted(kernel: object) -> bool:
-    """Whether ``kernel`` was built by ``triton.jit`` in interpreter mode."""
+def is_interpreted(kernel: object) -> bool:
+    """Whether ``kernel`` was built by ``triton.jit`` in interpreter mode.
+
+    Tests use it to know whether the Triton kernels can run on CPU tensors in
+    this process (``TRITON_INTERPRET=1`` must precede the codec imports).
+    """
     if not triton_available():
         return False
     from triton.runtime.interpreter import InterpretedFunction
@@ -181,7 +186,7 @@ def require_triton(x: torch.Tensor, *kernels: object) -> None:
         raise RuntimeError("Triton is not importable; use the torch_* reference functions")
     if x.device.type == "cuda" or _is_traced(x):
         return
-    if not all(_is_interpreted(k) for k in kernels):
+    if not all(is_interpreted(k) for k in kernels):
         raise RuntimeError(
             f"Triton kernels on {x.device.type} tensors need TRITON_INTERPRET=1 set before "
             "adacc_compile.kernels is imported (the kernels were compiled for a GPU)"
@@ -258,7 +263,7 @@ def check_input(
     if x.dtype not in dtypes:
         valid = ", ".join(str(d) for d in dtypes)
         raise TypeError(f"{codec}: {what} dtype {x.dtype} not supported; expected one of {valid}")
-    if x.device.type not in _DEVICE_TYPES and x.device.type != "meta":
+    if x.device.type not in _DEVICE_TYPES:
         raise ValueError(f"{codec}: {what} on device {x.device} not supported; use cpu or cuda")
     return x
 

@@ -1,0 +1,39 @@
+"""Measuring the real peak memory of a training step.
+
+GPU: ``torch.cuda.max_memory_allocated`` minus what was allocated before.
+CPU: the profiler's allocator trace. ``torch.profiler`` with
+``profile_memory=True`` records every allocation and free made through
+c10's CPU allocator, which is what eager kernels *and* Inductor's generated
+C++ (``empty_strided_cpu``) allocate through, together with the allocator's
+running total; the peak of that total is the step's peak. This is the same
+quantity as the CUDA statistic, unlike process RSS, which glibc's caching
+and page reuse make unreliable at the megabyte scale of CPU test models.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from adacc_compile import compat
+
+
+def measure_peak_bytes(step: Callable[[], Any], device: str | torch.device = "cpu") -> int:
+    """Peak bytes allocated while ``step()`` runs, above what existed before."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    if device.type != "cpu":
+        raise ValueError(f"measure_peak_bytes supports cpu and cuda devices, not {device}")
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    totals = compat.allocator_totals(prof)
+    return max([0, *totals])

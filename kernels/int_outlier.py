@@ -1,0 +1,603 @@
+"""Codecs "int8_outlier" and "int4_outlier": group-wise integers, outlier channels exact.
+
+Why: the inputs of linear layers in transformers (norm outputs, attention
+outputs, MLP activations) are mostly well behaved, but a few *channels* carry
+values 10-100x larger than the rest. A symmetric group scale is set by the
+largest value in its group, so one such channel wipes out the resolution of
+all its neighbours. Adacc keeps those channels at full precision and
+quantises the rest; this module does that, choosing the channels per call.
+
+Layout: ``x`` is viewed as R rows x C channels (C = last dim; a 0-d tensor is
+1 x 1), with G = 64 (int8) or 32 (int4) channels per group and
+K = min(C, max(1, C // 64)) outlier slots. The payload is::
+
+    [0] codes   int8  [R, C]           int8_outlier
+                uint8 [R, ceil(C / 2)] int4_outlier: channel 2j in the low
+                                       nibble, 2j + 1 in the high one (an odd
+                                       C leaves the last high nibble 0)
+    [1] scales  bfloat16 [R, ceil(C / G)]  one symmetric scale per row and group
+    [2] index   int32 [K]              outlier channels, ascending
+    [3] values  x.dtype [R, K]         those channels, bit for bit
+
+Every size depends on the shape and dtype only, so `compressed_nbytes` is
+exact before any data is seen (the planner needs that).
+
+Outlier channels: the score of a channel is its largest finite |x| over all
+rows; the K best scores win (ties: lower channel first). Filling all K slots,
+rather than only those above a z-score threshold, is deliberate: the slots
+are stored whether used or not, and each extra exact channel can only shrink
+its group's scale. The threshold (`OUTLIER_RATIO` times the median channel)
+is still what `calibrate` reports as "outlier channels", and its
+``outlier_slot_coverage`` tells the planner when K was too small. Outlier
+channels are zeroed before the group scales are taken.
+
+Scales are bfloat16: fp32's range (an fp16 scale overflows for |x| > 458k in
+int4, and underflows for tiny fp32 inputs) at half the bytes. Their 8-bit
+mantissa costs nothing, because quantisation divides by the *stored* scale.
+Rounding is to nearest even, so ``torch.round`` and the Triton kernels agree.
+
+NaN and ±Inf at any position, in any number, survive with no extra bytes:
+inside an outlier channel they are stored as they are; elsewhere a group that
+holds one is flagged by the sign bit of its scale (scales are otherwise >= 0)
+and its codes then reserve ``-QMAX - 1`` for NaN, ``-QMAX`` for -Inf and
+``QMAX`` for +Inf, its finite values using ±(QMAX - 1). Only such a group
+loses a little resolution (int4: 13 levels instead of 15). Non-finite values
+never enter a scale or an outlier score.
+
+Error: with r the rounding error of one group of n values whose largest
+magnitude is m, ||r|| <= sqrt(n) * m / (2 * QMAX) <= sqrt(n) / (2 * QMAX) * ||x_group||,
+so the relative error can never exceed sqrt(G) / (2 * (QMAX - 1)) plus the
+bfloat16 scale rounding (2^-9): 0.032 for int8, 0.47 for int4, whatever the
+input. The declared `error_bound` is tighter and comes from measurement on
+Gaussian and LLM-like activations (tests/kernels/test_int_outlier.py,
+bench/bench_codec_error.py): measured 0.0056 / 0.098 on Gaussian input.
+
+The compress reads ``x`` twice (channel statistics, then quantisation): the
+outlier channels must be known before any group scale is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from . import REGISTRY
+from .codec import ApplyQuery, CodecStats
+from .oplib import (
+    OpCodec,
+    PayloadSpec,
+    check_input,
+    check_output_dtype,
+    check_payload,
+    check_shape,
+    launch,
+    numel_of,
+    register_codec_ops,
+    require_triton,
+    rne_cast,
+    tl,
+    triton_jit,
+    use_triton,
+)
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_SCALE_DTYPE = torch.bfloat16
+#: One outlier slot per this many channels (at least one, at most C).
+OUTLIER_DIVISOR = 64
+#: `calibrate` calls a channel an outlier above this multiple of the median channel.
+OUTLIER_RATIO = 4.0
+#: Producer op classes whose outputs feed linear layers (annotate pass names).
+_PRODUCERS = frozenset({"norm", "attention", "activation", "elementwise", "matmul", "dropout", "view"})
+_BLOCK_ROWS = 32
+_STATS_ROWS_PER_PROGRAM = 256
+_STATS_BLOCK_CHANNELS = 64
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IntFormat:
+    """The integer format of one codec."""
+
+    name: str
+    #: Largest finite code magnitude in a group without non-finite values.
+    qmax: int
+    #: Channels per group sharing one scale (a power of two).
+    group: int
+    #: Two codes per byte.
+    pack4: bool
+
+
+INT8 = IntFormat(name="int8_outlier", qmax=127, group=64, pack4=False)
+INT4 = IntFormat(name="int4_outlier", qmax=7, group=32, pack4=True)
+
+
+def rows_channels(shape: Sequence[Any]) -> tuple[Any, Any]:
+    """(R, C) of the rows x channels view; a 0-d tensor is one row of one channel."""
+    if len(shape) == 0:
+        return 1, 1
+    return numel_of(shape[:-1]), shape[-1]
+
+
+def outlier_slots(channels: Any) -> Any:
+    """K: fixed by C alone so that the payload size is static (works on SymInts)."""
+    return torch.sym_min(channels, torch.sym_max(1, channels // OUTLIER_DIVISOR))
+
+
+def int_outlier_payload_spec(fmt: IntFormat, shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
+    """Shapes and dtypes of [codes, scales, index, values] (see module docstring)."""
+    rows, channels = rows_channels(shape)
+    groups = (channels + fmt.group - 1) // fmt.group
+    slots = outlier_slots(channels)
+    codes = ((rows, (channels + 1) // 2), torch.uint8) if fmt.pack4 else ((rows, channels), torch.int8)
+    return [codes, ((rows, groups), _SCALE_DTYPE), ((slots,), torch.int32), ((rows, slots), dtype)]
+
+
+# --------------------------------------------------------------------------
+# Shared glue: outlier choice (a C-sized problem, the same on both paths)
+# --------------------------------------------------------------------------
+
+
+def select_outlier_channels(score: torch.Tensor, slots: int) -> torch.Tensor:
+    """The ``slots`` highest-scoring channels, ascending, as int32.
+
+    The stable sort breaks ties by channel index, so the choice is
+    deterministic on every backend.
+    """
+    order = torch.sort(score, descending=True, stable=True).indices[:slots]
+    return torch.sort(order).values.to(torch.int32)
+
+
+def _view2d(x: torch.Tensor) -> torch.Tensor:
+    """The rows x channels view; copies only when strides do not allow a view."""
+    rows, channels = rows_channels(x.shape)
+    return x.reshape(rows, channels)
+
+
+def slot_map(index: torch.Tensor, channels: int) -> torch.Tensor:
+    """Per channel, its position in ``index`` or -1: how kernels route a channel."""
+    slots = index.shape[0]
+    positions = torch.arange(slots, dtype=torch.int32, device=index.device)
+    slot = torch.full((channels,), -1, dtype=torch.int32, device=index.device)
+    return slot.index_put((index.long(),), positions)
+
+
+# --------------------------------------------------------------------------
+# Torch reference (CPU path and oracle)
+# --------------------------------------------------------------------------
+
+
+def round_to_bfloat16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-negative finite float32 -> (bfloat16, the same value as float32), nearest even.
+
+    Integer ops instead of ``.to(torch.bfloat16).float()``: Inductor drops
+    such a down-and-up cast pair (``emulate_precision_casts`` is off by
+    default), and the codes must be computed with the scale that is stored.
+    """
+    bits = x.view(torch.int32)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return (bits >> 16).to(torch.int16).view(torch.bfloat16), bits.view(torch.float32)
+
+
+def torch_channel_absmax(x2d: torch.Tensor) -> torch.Tensor:
+    """Largest finite |x| per channel (float32 [C]); non-finite values count as 0."""
+    if x2d.shape[0] == 0:
+        return torch.zeros(x2d.shape[1], dtype=torch.float32, device=x2d.device)
+    a = x2d.float().abs()
+    return torch.where(a < torch.inf, a, 0.0).amax(dim=0)
+
+
+def _torch_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
+    check_input(x, codec=fmt.name, dtypes=_DTYPES)
+    x2d = _view2d(x)
+    rows, channels = x2d.shape
+    index = select_outlier_channels(torch_channel_absmax(x2d), outlier_slots(channels))
+    slot = slot_map(index, channels)
+    groups = (channels + fmt.group - 1) // fmt.group
+    pad = groups * fmt.group - channels
+    xf = x2d.float()
+    finite = xf.abs() < torch.inf
+    regular = (slot < 0).unsqueeze(0)
+    nonfinite = regular & ~finite
+    kept = torch.where(regular & finite, xf, 0.0)
+    grouped = F.pad(kept.abs(), (0, pad)).view(rows, groups, fmt.group)
+    special = F.pad(nonfinite, (0, pad)).view(rows, groups, fmt.group).any(dim=-1)
+    limit = torch.where(special, fmt.qmax - 1.0, float(fmt.qmax))
+    scale, scale_f = round_to_bfloat16(grouped.amax(dim=-1) / limit)
+    # Per-column gathers rather than a padded [R, groups, G] view sliced back
+    # to C columns: Inductor's CPU backend (torch 2.13) miscompiles the latter
+    # when fused with the rest of this function.
+    column_group = torch.arange(channels, device=x.device) // fmt.group
+    column_limit = limit[:, column_group]
+    y = kept / torch.where(scale_f > 0, scale_f, 1.0)[:, column_group]
+    y = torch.minimum(torch.maximum(y, -column_limit), column_limit)
+    codes = torch.round(y).to(torch.int32)
+    special_code = torch.where(xf.isnan(), -fmt.qmax - 1, torch.where(xf > 0, fmt.qmax, -fmt.qmax))
+    codes = torch.where(nonfinite, special_code, codes)
+    if fmt.pack4:
+        nibbles = F.pad(codes & 15, (0, channels % 2)).view(rows, (channels + 1) // 2, 2)
+        packed = (nibbles[..., 0] | (nibbles[..., 1] << 4)).to(torch.uint8)
+    else:
+        packed = codes.to(torch.int8)
+    stored_scale = torch.where(special, -scale, scale)
+    values = x2d.index_select(1, index.long())
+    return [packed, stored_scale, index, values.contiguous()]
+
+
+def _torch_decompress(
+    fmt: IntFormat, payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    shape = _check_decompress(fmt, payload, shape, dtype)
+    packed, scale, index, values = payload
+    rows, channels = rows_channels(shape)
+    if fmt.pack4:
+        b = packed.to(torch.int32)
+        nibbles = torch.stack(((b & 15), (b >> 4) & 15), dim=-1).view(rows, 2 * b.shape[1])
+        codes = (nibbles[:, :channels] ^ 8) - 8
+    else:
+        codes = packed.to(torch.int32)
+    s = scale.float()[:, torch.arange(channels, device=scale.device) // fmt.group]
+    special = torch.signbit(s)
+    v = codes.float() * s.abs()
+    v = torch.where(special & (codes == -fmt.qmax - 1), torch.nan, v)
+    v = torch.where(special & (codes == -fmt.qmax), -torch.inf, v)
+    v = torch.where(special & (codes == fmt.qmax), torch.inf, v)
+    out = v.to(dtype).index_copy(1, index.long(), values)
+    return out.reshape(shape)
+
+
+def torch_int8_outlier_compress(x: torch.Tensor) -> list[torch.Tensor]:
+    """int8 codes, group 64, plus exact outlier channels (see module docstring)."""
+    return _torch_compress(INT8, x)
+
+
+def torch_int8_outlier_decompress(
+    payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    return _torch_decompress(INT8, payload, shape, dtype)
+
+
+def torch_int4_outlier_compress(x: torch.Tensor) -> list[torch.Tensor]:
+    """int4 codes (two per byte), group 32, plus exact outlier channels."""
+    return _torch_compress(INT4, x)
+
+
+def torch_int4_outlier_decompress(
+    payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    return _torch_decompress(INT4, payload, shape, dtype)
+
+
+def torch_int4_plain_roundtrip(x: torch.Tensor, group: int = INT4.group) -> tuple[torch.Tensor, int]:
+    """Test/benchmark baseline, not a codec: int4 group-wise with no outlier channels.
+
+    Same group size, code range and bfloat16 scales as int4_outlier, so the
+    difference measures the outlier handling alone. Returns (x_hat, payload
+    bytes). Non-finite values are not handled.
+    """
+    x2d = _view2d(x)
+    rows, channels = x2d.shape
+    groups = (channels + group - 1) // group
+    grouped = F.pad(x2d.float(), (0, groups * group - channels)).view(rows, groups, group)
+    scale = round_to_bfloat16(grouped.abs().amax(dim=-1, keepdim=True) / INT4.qmax)[1]
+    codes = torch.round(grouped / torch.where(scale > 0, scale, 1.0)).clamp(-INT4.qmax, INT4.qmax)
+    x_hat = (codes * scale).view(rows, groups * group)[:, :channels].to(x.dtype).reshape(x.shape)
+    nbytes = rows * ((channels + 1) // 2) + rows * groups * _SCALE_DTYPE.itemsize
+    return x_hat, nbytes
+
+
+# --------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------
+
+
+@triton_jit
+def _channel_absmax_kernel(
+    x_ptr, partial_ptr, R, C, stride_r, stride_c,
+    ROWS_PER_PROGRAM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    # Program (i, j): largest finite |x| of rows [i*RPP, (i+1)*RPP) in channel block j.
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    first = tl.program_id(0) * ROWS_PER_PROGRAM
+    last = tl.minimum(first + ROWS_PER_PROGRAM, R)
+    for start in range(first, last, BLOCK_R):
+        rows = (start + tl.arange(0, BLOCK_R)).to(tl.int64)
+        mask = (rows < last)[:, None] & cmask[None, :]
+        offsets = rows[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c
+        a = tl.abs(tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32))
+        acc = tl.maximum(acc, tl.max(tl.where(a < float("inf"), a, 0.0), axis=0))
+    tl.store(partial_ptr + tl.program_id(0) * C + cols, acc, mask=cmask)
+
+
+@triton_jit
+def _load_half(x_ptr, slot_ptr, rows, rmask, cols, C, stride_r, stride_c):
+    # One half (even or odd channels) of a group: raw values, float32, masks.
+    cmask = cols < C
+    valid = rmask[:, None] & cmask[None, :]
+    offsets = rows[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c
+    raw = tl.load(x_ptr + offsets, mask=valid, other=0.0)
+    slot = tl.load(slot_ptr + cols, mask=cmask, other=-1)
+    x = raw.to(tl.float32)
+    finite = tl.abs(x) < float("inf")
+    regular = valid & (slot < 0)[None, :]
+    return raw, x, slot, valid, finite, regular
+
+
+@triton_jit
+def _codes(x, finite, regular, scale, limit, QMAX: tl.constexpr):
+    # Symmetric codes with round-half-even; non-finite values get reserved codes.
+    denominator = tl.where(scale > 0, scale, 1.0)[:, None]
+    y = tl.math.div_rn(tl.where(regular & finite, x, 0.0), denominator)
+    y = tl.minimum(tl.maximum(y, -limit[:, None]), limit[:, None])
+    # Adding then subtracting 1.5 * 2^23 rounds float32 |y| < 2^22 to nearest
+    # even, like torch.round (libdevice rint is not available in the interpreter).
+    q = ((y + 12582912.0) - 12582912.0).to(tl.int32)
+    special = tl.where(x != x, -QMAX - 1, tl.where(x > 0, QMAX, -QMAX))
+    return tl.where(regular & ~finite, special, q)
+
+
+@triton_jit
+def _quantize_kernel(
+    x_ptr, slot_ptr, code_ptr, scale_ptr, value_ptr,
+    R, C, K, stride_r, stride_c, code_stride, num_groups,
+    QMAX: tl.constexpr, GROUP: tl.constexpr, PACK4: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    # Program (i, g): rows block i, channel group g. Reads x once; writes the
+    # group's codes, its scale and the outlier values that fall in it.
+    group = tl.program_id(1)
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rmask = rows < R
+    half = tl.arange(0, GROUP // 2)
+    col_e = group * GROUP + 2 * half
+    col_o = col_e + 1
+    raw_e, x_e, slot_e, valid_e, fin_e, reg_e = _load_half(x_ptr, slot_ptr, rows, rmask, col_e, C, stride_r, stride_c)
+    raw_o, x_o, slot_o, valid_o, fin_o, reg_o = _load_half(x_ptr, slot_ptr, rows, rmask, col_o, C, stride_r, stride_c)
+    amax = tl.maximum(
+        tl.max(tl.where(reg_e & fin_e, tl.abs(x_e), 0.0), axis=1),
+        tl.max(tl.where(reg_o & fin_o, tl.abs(x_o), 0.0), axis=1),
+    )
+    nonfinite = tl.maximum(
+        tl.max((reg_e & ~fin_e).to(tl.int32), axis=1), tl.max((reg_o & ~fin_o).to(tl.int32), axis=1)
+    )
+    special = nonfinite > 0
+    limit = tl.where(special, QMAX - 1.0, QMAX * 1.0)
+    scale = rne_cast(tl.math.div_rn(amax, limit), tl.bfloat16).to(tl.float32)
+    tl.store(scale_ptr + rows * num_groups + group, tl.where(special, -scale, scale).to(tl.bfloat16), mask=rmask)
+    q_e = _codes(x_e, fin_e, reg_e, scale, limit, QMAX)
+    q_o = _codes(x_o, fin_o, reg_o, scale, limit, QMAX)
+    if PACK4:
+        byte = (q_e & 15) | ((q_o & 15) << 4)
+        offsets = rows[:, None] * code_stride + (group * (GROUP // 2) + half)[None, :]
+        tl.store(code_ptr + offsets, byte.to(tl.uint8), mask=valid_e)
+    else:
+        tl.store(code_ptr + rows[:, None] * code_stride + col_e[None, :], q_e.to(tl.int8), mask=valid_e)
+        tl.store(code_ptr + rows[:, None] * code_stride + col_o[None, :], q_o.to(tl.int8), mask=valid_o)
+    tl.store(value_ptr + rows[:, None] * K + slot_e[None, :], raw_e, mask=valid_e & (slot_e >= 0)[None, :])
+    tl.store(value_ptr + rows[:, None] * K + slot_o[None, :], raw_o, mask=valid_o & (slot_o >= 0)[None, :])
+
+
+@triton_jit
+def _store_half(
+    out_ptr, slot_ptr, value_ptr, q, magnitude, special, rows, rmask, cols, C, K, QMAX: tl.constexpr
+):
+    # Dequantises one half of a group, restores non-finite codes and outliers.
+    cmask = cols < C
+    valid = rmask[:, None] & cmask[None, :]
+    v = q.to(tl.float32) * magnitude[:, None]
+    flagged = special[:, None]
+    v = tl.where(flagged & (q == -QMAX - 1), float("nan"), v)
+    v = tl.where(flagged & (q == -QMAX), float("-inf"), v)
+    v = tl.where(flagged & (q == QMAX), float("inf"), v)
+    v = rne_cast(v, out_ptr.dtype.element_ty)
+    slot = tl.load(slot_ptr + cols, mask=cmask, other=-1)
+    outlier = valid & (slot >= 0)[None, :]
+    exact = tl.load(value_ptr + rows[:, None] * K + slot[None, :], mask=outlier, other=0.0)
+    tl.store(out_ptr + rows[:, None] * C + cols[None, :], tl.where(outlier, exact, v), mask=valid)
+
+
+@triton_jit
+def _dequantize_kernel(
+    code_ptr, scale_ptr, slot_ptr, value_ptr, out_ptr,
+    R, C, K, code_stride, num_groups,
+    QMAX: tl.constexpr, GROUP: tl.constexpr, PACK4: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    group = tl.program_id(1)
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rmask = rows < R
+    half = tl.arange(0, GROUP // 2)
+    col_e = group * GROUP + 2 * half
+    col_o = col_e + 1
+    scale = tl.load(scale_ptr + rows * num_groups + group, mask=rmask, other=0.0)
+    special = scale.to(tl.int16, bitcast=True) < 0  # sign bit: the group holds NaN/Inf
+    magnitude = tl.abs(scale.to(tl.float32))
+    if PACK4:
+        offsets = rows[:, None] * code_stride + (group * (GROUP // 2) + half)[None, :]
+        byte = tl.load(code_ptr + offsets, mask=rmask[:, None] & (col_e < C)[None, :], other=0).to(tl.int32)
+        q_e = ((byte & 15) ^ 8) - 8
+        q_o = (((byte >> 4) & 15) ^ 8) - 8
+    else:
+        mask_e = rmask[:, None] & (col_e < C)[None, :]
+        mask_o = rmask[:, None] & (col_o < C)[None, :]
+        q_e = tl.load(code_ptr + rows[:, None] * code_stride + col_e[None, :], mask=mask_e, other=0).to(tl.int32)
+        q_o = tl.load(code_ptr + rows[:, None] * code_stride + col_o[None, :], mask=mask_o, other=0).to(tl.int32)
+    _store_half(out_ptr, slot_ptr, value_ptr, q_e, magnitude, special, rows, rmask, col_e, C, K, QMAX)
+    _store_half(out_ptr, slot_ptr, value_ptr, q_o, magnitude, special, rows, rmask, col_o, C, K, QMAX)
+
+
+def triton_channel_absmax(x2d: torch.Tensor) -> torch.Tensor:
+    """Triton twin of `torch_channel_absmax` (max is exact, so equal bits)."""
+    rows, channels = x2d.shape
+    if rows == 0:
+        return torch.zeros(channels, dtype=torch.float32, device=x2d.device)
+    chunks = (rows + _STATS_ROWS_PER_PROGRAM - 1) // _STATS_ROWS_PER_PROGRAM
+    partial = torch.empty(chunks, channels, dtype=torch.float32, device=x2d.device)
+    grid = (chunks, (channels + _STATS_BLOCK_CHANNELS - 1) // _STATS_BLOCK_CHANNELS)
+    launch(
+        _channel_absmax_kernel, grid, x2d, partial, rows, channels, x2d.stride(0), x2d.stride(1),
+        ROWS_PER_PROGRAM=_STATS_ROWS_PER_PROGRAM, BLOCK_R=_BLOCK_ROWS, BLOCK_C=_STATS_BLOCK_CHANNELS,
+    )  # fmt: skip
+    return partial.amax(dim=0)
+
+
+def _triton_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
+    check_input(x, codec=fmt.name, dtypes=_DTYPES)
+    require_triton(x, _channel_absmax_kernel, _quantize_kernel)
+    x2d = _view2d(x)
+    rows, channels = x2d.shape
+    index = select_outlier_channels(triton_channel_absmax(x2d), outlier_slots(channels))
+    slot = slot_map(index, channels)
+    spec = int_outlier_payload_spec(fmt, x.shape, x.dtype)
+    codes, scale, _, values = (torch.empty(s, dtype=d, device=x.device) for s, d in spec)
+    groups = scale.shape[1]
+    grid = ((rows + _BLOCK_ROWS - 1) // _BLOCK_ROWS, groups)
+    launch(
+        _quantize_kernel, grid, x2d, slot, codes, scale, values,
+        rows, channels, index.shape[0], x2d.stride(0), x2d.stride(1), codes.shape[1], groups,
+        QMAX=fmt.qmax, GROUP=fmt.group, PACK4=fmt.pack4, BLOCK_R=_BLOCK_ROWS,
+    )  # fmt: skip
+    return [codes, scale, index, values]
+
+
+def _triton_decompress(
+    fmt: IntFormat, payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    shape = _check_decompress(fmt, payload, shape, dtype)
+    codes, scale, index, values = (t.contiguous() for t in payload)
+    require_triton(codes, _dequantize_kernel)
+    rows, channels = rows_channels(shape)
+    slot = slot_map(index, channels)
+    out = torch.empty(rows, channels, dtype=dtype, device=codes.device)
+    groups = scale.shape[1]
+    grid = ((rows + _BLOCK_ROWS - 1) // _BLOCK_ROWS, groups)
+    launch(
+        _dequantize_kernel, grid, codes, scale, slot, values, out,
+        rows, channels, index.shape[0], codes.shape[1], groups,
+        QMAX=fmt.qmax, GROUP=fmt.group, PACK4=fmt.pack4, BLOCK_R=_BLOCK_ROWS,
+    )  # fmt: skip
+    return out.reshape(shape)
+
+
+def triton_int8_outlier_compress(x: torch.Tensor) -> list[torch.Tensor]:
+    """Triton twin of `torch_int8_outlier_compress` (same bits)."""
+    return _triton_compress(INT8, x)
+
+
+def triton_int8_outlier_decompress(
+    payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    return _triton_decompress(INT8, payload, shape, dtype)
+
+
+def triton_int4_outlier_compress(x: torch.Tensor) -> list[torch.Tensor]:
+    """Triton twin of `torch_int4_outlier_compress` (same bits)."""
+    return _triton_compress(INT4, x)
+
+
+def triton_int4_outlier_decompress(
+    payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    return _triton_decompress(INT4, payload, shape, dtype)
+
+
+# --------------------------------------------------------------------------
+# Ops and codecs
+# --------------------------------------------------------------------------
+
+
+def _check_decompress(
+    fmt: IntFormat, payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
+) -> tuple[Any, ...]:
+    shape = check_shape(shape, codec=fmt.name)
+    check_output_dtype(dtype, codec=fmt.name, dtypes=_DTYPES)
+    check_payload(payload, int_outlier_payload_spec(fmt, shape, dtype), codec=fmt.name)
+    return shape
+
+
+def _register(fmt: IntFormat) -> tuple[Any, Any]:
+    def compress(x: torch.Tensor) -> list[torch.Tensor]:
+        check_input(x, codec=fmt.name, dtypes=_DTYPES)
+        return _triton_compress(fmt, x) if use_triton(x) else _torch_compress(fmt, x)
+
+    def decompress(payload: list[torch.Tensor], shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+        _check_decompress(fmt, payload, shape, dtype)
+        if use_triton(payload[0]):
+            return _triton_decompress(fmt, payload, shape, dtype)
+        return _torch_decompress(fmt, payload, shape, dtype)
+
+    return register_codec_ops(
+        fmt.name,
+        compress=compress,
+        decompress=decompress,
+        payload_spec=lambda shape, dtype: int_outlier_payload_spec(fmt, shape, dtype),
+    )
+
+
+int8_outlier_compress_op, int8_outlier_decompress_op = _register(INT8)
+int4_outlier_compress_op, int4_outlier_decompress_op = _register(INT4)
+
+
+class IntOutlierCodec(OpCodec):
+    """Group-wise int8/int4 with exact outlier channels (see module docstring)."""
+
+    def __init__(self, fmt: IntFormat, error_bound: float) -> None:
+        self.fmt = fmt
+        self.name = fmt.name
+        self.error_bound = error_bound
+
+    def payload_spec(self, shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
+        return int_outlier_payload_spec(self.fmt, shape, dtype)
+
+    def applies(self, query: ApplyQuery) -> bool:
+        """Float inputs of a linear layer (a matmul reads them in backward)."""
+        return (
+            query.dtype in _DTYPES
+            and len(query.shape) >= 1
+            and query.producer_class in _PRODUCERS
+            and "matmul" in query.consumer_classes
+        )
+
+    def cost_seconds(self, shape: Sequence[int], dtype: torch.dtype, bandwidth_bytes_per_s: float) -> float:
+        """The base model plus the second read of x (channel statistics)."""
+        extra = numel_of([int(s) for s in shape]) * dtype.itemsize
+        return super().cost_seconds(shape, dtype, bandwidth_bytes_per_s) + extra / bandwidth_bytes_per_s
+
+    def calibrate(self, samples: Sequence[torch.Tensor]) -> CodecStats:
+        """Round-trip error (as `OpCodec`) plus the outlier channels of the samples.
+
+        A channel is reported as an outlier when its largest finite |x| over
+        all samples exceeds `OUTLIER_RATIO` times the median channel's.
+        ``extra["outlier_slot_coverage"]`` is the share of those channels
+        that fit into the K slots (1.0 means K was large enough).
+
+        Raises:
+            ValueError: The samples disagree on the channel count.
+        """
+        base = super().calibrate(samples)
+        channel_counts = {rows_channels(x.shape)[1] for x in samples}
+        if len(channel_counts) != 1:
+            raise ValueError(f"{self.name}: samples have different channel counts {sorted(channel_counts)}")
+        (channels,) = channel_counts
+        score = torch.zeros(channels, dtype=torch.float32)
+        for x in samples:
+            score = torch.maximum(score, torch_channel_absmax(_view2d(x.detach())).cpu())
+        median = float(score.median()) if channels else 0.0
+        outliers = tuple(int(c) for c in torch.nonzero(score > OUTLIER_RATIO * median).flatten()) if median > 0 else ()
+        slots = int(outlier_slots(channels))
+        extra = dict(base.extra)
+        extra["outlier_slots"] = float(slots)
+        extra["outlier_slot_coverage"] = min(1.0, slots / len(outliers)) if outliers else 1.0
+        return CodecStats(
+            codec=self.name,
+            outlier_channels=outliers,
+            outlier_fraction=len(outliers) / channels if channels else 0.0,
+            abs_max=base.abs_max,
+            relative_error=base.relative_error,
+            extra=extra,
+        )
+
+
+INT8_OUTLIER = REGISTRY.register(IntOutlierCodec(INT8, error_bound=0.01))
+INT4_OUTLIER = REGISTRY.register(IntOutlierCodec(INT4, error_bound=0.15))
