@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,7 +39,7 @@ from adacc_compile.passes.policies import get_policy
 from adacc_compile.passes.rewrite import saved_values_for, split_joint_graph
 from adacc_compile.passes.verify import verify_split
 
-log = logging.getLogger("adacc")
+log = logging.getLogger(__name__)
 
 OPTIONAL_STAGES = frozenset({"verify", "report"})
 
@@ -146,6 +147,15 @@ def plan_stage(state: PartitionState) -> None:
             f"{target} bytes (reachable minimum {state.budget.minimum_bytes})"
         )
     state.solution, state.saved_values, state.fw_module, state.bw_module, state.timeline = best
+    peak = state.timeline.activation_peak_bytes
+    if peak > target and state.config.planner not in ("keep_all", "recompute_all"):
+        warnings.warn(
+            f"adacc: the simulated activation peak {peak} bytes (saved values plus recompute "
+            f"temporaries in the backward) exceeds the budget {target} bytes after "
+            f"{state.replans} re-plan(s); the saved set fits, but recomputation needs this much "
+            f"working memory at its peak",
+            stacklevel=2,
+        )
 
 
 def verify_stage(state: PartitionState) -> None:

@@ -13,8 +13,9 @@ gets its own folder ``graph_NNN`` (in compile order) holding::
     summary.json       budget, saved bytes, peak, time, solver status, counts
 
 The summary and plan also go through ``torch._logging.trace_structured``
-(artifacts ``adacc_summary`` / ``adacc_plan``) and one INFO line per graph
-goes to the ``adacc`` logger.
+(artifacts ``adacc_summary`` / ``adacc_plan``, seen by ``TORCH_TRACE`` and
+tlparse). ``TORCH_LOGS=adacc_compile`` prints one INFO line per graph;
+``TORCH_LOGS=+adacc_compile`` adds the plan table.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from adacc_compile.passes.plan_problem import Decision, added_seconds, saved_byt
 if TYPE_CHECKING:
     from adacc_compile.pipeline import PartitionState
 
-log = logging.getLogger("adacc")
+log = logging.getLogger(__name__)
 
 
 def plan_records(state: "PartitionState") -> list[dict[str, Any]]:
@@ -68,6 +69,20 @@ def plan_records(state: "PartitionState") -> list[dict[str, Any]]:
     return records
 
 
+def plan_table(records: list[dict[str, Any]]) -> str:
+    """The saved-activation table, one line per candidate the backward needs."""
+    lines = [f"{'name':<28} {'op':<34} {'layer':<14} {'MiB':>9} decision"]
+    for r in records:
+        if r["decision"] == Decision.NONE.value:
+            continue
+        decision = r["decision"] + (f"[{r['codec']}]" if r["codec"] else "")
+        lines.append(
+            f"{r['name'][:28]:<28} {r['op'][:34]:<34} {r['layer'][:14]:<14} "
+            f"{r['bytes'] / 2**20:>9.3f} {decision}"
+        )
+    return "\n".join(lines)
+
+
 def summarize(state: "PartitionState") -> dict[str, Any]:
     assert state.budget and state.solution and state.timeline and state.candidates
     problem = state.candidates.problem
@@ -89,6 +104,7 @@ def summarize(state: "PartitionState") -> dict[str, Any]:
         "simulated_saved_bytes": state.timeline.saved_bytes,
         "predicted_peak_bytes": state.timeline.peak_bytes,
         "predicted_activation_peak_bytes": state.timeline.activation_peak_bytes,
+        "activation_peak_fits_budget": state.timeline.activation_peak_bytes <= state.budget.budget_bytes,
         "estimated_added_seconds": added,
         "estimated_step_seconds": step_seconds,
         "solve_seconds": state.solution.solve_seconds,
@@ -125,6 +141,8 @@ def publish(state: "PartitionState") -> None:
     compat.log_json_artifact("adacc_summary", summary)
     compat.log_json_artifact("adacc_plan", records)
     log.info(summary_line(summary))
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("adacc plan, graph %d:\n%s", state.graph_index, plan_table(records))
     if folder is not None:
         write_dumps(state, folder, summary, records)
 

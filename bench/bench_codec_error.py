@@ -11,9 +11,11 @@ Input kinds (each is paired with the `ApplyQuery` roles it can play, and a
 codec is measured where it `applies` to one of them):
 
 * gaussian: N(0, 1), rows x channels.
-* llm-outlier: N(0, 1) with per-row scale variation and ~0.5 % of channels
+* llm-outlier: N(0, 1) with per-row scale variation and 0.5 % of channels
   (at least 2) holding consistently large values, 10-30x the median
   channel's RMS, like the "massive activation" channels of LLMs.
+* llm-outlier-heavy: the same with 1.5 % outlier channels (within the 1/64 slots of int*_outlier).
+* mlp-gelu: GELU of N(0, 1), the input of an MLP's down projection (skewed).
 * softmax: softmax over the last dim of N(0, 2^2) logits.
 
 Real activations from a pretrained transformer would need weights; no
@@ -49,18 +51,23 @@ _DERIVATIVES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 class InputKind:
     name: str
     make: Callable[[int, int, torch.Generator], torch.Tensor]
-    producers: tuple[str, ...]
+    #: Producer op class when the tensor feeds a linear layer.
+    producer: str
+    #: Whether the tensor can also be the input of GELU/SiLU.
+    activation_input: bool
 
 
 def gaussian(rows: int, channels: int, generator: torch.Generator) -> torch.Tensor:
     return torch.randn(rows, channels, generator=generator)
 
 
-def llm_outlier(rows: int, channels: int, generator: torch.Generator) -> torch.Tensor:
+def llm_outlier(
+    rows: int, channels: int, generator: torch.Generator, fraction: float = 0.005
+) -> torch.Tensor:
     """N(0, 1) plus a few channels 10-30x the median channel, mostly of one sign."""
     x = torch.randn(rows, channels, generator=generator)
     x *= torch.exp(0.3 * torch.randn(rows, 1, generator=generator))
-    count = max(2, channels // 200)
+    count = max(2, round(channels * fraction))
     index = torch.randperm(channels, generator=generator)[:count]
     magnitude = 10.0 + 20.0 * torch.rand(count, generator=generator)
     sign = torch.where(torch.rand(count, generator=generator) < 0.5, -1.0, 1.0)
@@ -68,25 +75,33 @@ def llm_outlier(rows: int, channels: int, generator: torch.Generator) -> torch.T
     return x
 
 
+def llm_outlier_heavy(rows: int, channels: int, generator: torch.Generator) -> torch.Tensor:
+    return llm_outlier(rows, channels, generator, fraction=0.015)
+
+
+def mlp_gelu(rows: int, channels: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.nn.functional.gelu(torch.randn(rows, channels, generator=generator))
+
+
 def softmax_probabilities(rows: int, channels: int, generator: torch.Generator) -> torch.Tensor:
     return torch.softmax(2.0 * torch.randn(rows, channels, generator=generator), dim=-1)
 
 
 KINDS = (
-    InputKind(name="gaussian", make=gaussian, producers=("norm", "matmul")),
-    InputKind(name="llm-outlier", make=llm_outlier, producers=("norm", "matmul")),
-    InputKind(name="softmax", make=softmax_probabilities, producers=("softmax",)),
+    InputKind(name="gaussian", make=gaussian, producer="norm", activation_input=True),
+    InputKind(name="llm-outlier", make=llm_outlier, producer="norm", activation_input=True),
+    InputKind(name="llm-outlier-heavy", make=llm_outlier_heavy, producer="norm", activation_input=True),
+    InputKind(name="mlp-gelu", make=mlp_gelu, producer="activation", activation_input=False),
+    InputKind(name="softmax", make=softmax_probabilities, producer="softmax", activation_input=False),
 )
 
 
 def queries(kind: InputKind, x: torch.Tensor) -> list[ApplyQuery]:
     """The roles a tensor of this kind can play in a transformer."""
     shape, dtype = tuple(x.shape), x.dtype
-    roles = [
-        ApplyQuery(shape=shape, dtype=dtype, producer_class=p, consumer_classes=("matmul",))
-        for p in kind.producers
-    ]
-    if kind.producers != ("softmax",):  # also an activation-function input
+    linear = ApplyQuery(shape=shape, dtype=dtype, producer_class=kind.producer, consumer_classes=("matmul",))
+    roles = [linear]
+    if kind.activation_input:
         for target in _DERIVATIVES:
             roles.append(
                 ApplyQuery(
@@ -123,7 +138,10 @@ def main() -> None:
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
 
-    print(f"Codec error, {args.rows} x {args.channels} {args.dtype}, seed {args.seed} (finite positions only)\n")
+    print(
+        f"Codec error, {args.rows} x {args.channels} {args.dtype}, seed {args.seed} "
+        "(finite positions only)\n"
+    )
     print("| codec | input | role | rel. error | SQNR dB | bytes/elem | declared bound |")
     print("|---|---|---|---:|---:|---:|---:|")
     for kind in KINDS:
@@ -135,17 +153,23 @@ def main() -> None:
             if role is None:
                 continue
             rel, sqnr, per_element = measure(name, x, role)
-            what = "derivative" if codec.decompress_kind is DecompressKind.DERIVATIVE else role.producer_class
+            derivative = codec.decompress_kind is DecompressKind.DERIVATIVE
+            what = "derivative" if derivative else role.producer_class
             print(
                 f"| {name} | {kind.name} | {what} | {rel:.4f} | {sqnr:.1f} | {per_element:.3f} "
                 f"| {codec.error_bound:g} |"
             )
-        if kind.producers != ("softmax",):
+        if kind.producer != "softmax":
             x_hat, nbytes = torch_int4_plain_roundtrip(x)
             rel, sqnr = error_stats(x, x_hat)
-            print(f"| int4_plain (helper) | {kind.name} | norm | {rel:.4f} | {sqnr:.1f} | {nbytes / x.numel():.3f} | - |")
-    print(f"\nOriginal: {torch.empty((), dtype=dtype).element_size()} bytes/elem. "
-          "Real pretrained activations: not measured (no installed package ships weights).")
+            print(
+                f"| int4_plain (helper) | {kind.name} | {kind.producer} | {rel:.4f} | {sqnr:.1f} "
+                f"| {nbytes / x.numel():.3f} | - |"
+            )
+    print(
+        f"\nOriginal: {dtype.itemsize} bytes/elem. Real pretrained activations: "
+        "not measured (no installed package ships weights)."
+    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ newly registered codecs are picked up without editing this file.
 
 Timing: warm-up, then ``--repeats`` rounds; each round times clone, compress
 and decompress of every codec in turn (interleaved, so drift in clock or
-load hits all of them alike), and the median is reported. CPU runs the torch
+load hits all of them alike), each measurement repeating the call until it
+lasts ``--min-time``, and the median over rounds is reported. CPU runs the torch
 reference path; with a GPU the tensors are on CUDA and ``ADACC_KERNELS=auto``
 selects the Triton kernels.
 
@@ -17,6 +18,7 @@ Usage::
 
     python bench/bench_codecs.py                       # CPU or CUDA, markdown table
     python bench/bench_codecs.py --shape 8192 4096 --dtype float32 --json out.json
+    python bench/bench_codecs.py --compile             # ops compiled by Inductor
 """
 
 from __future__ import annotations
@@ -95,16 +97,46 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn: Callable[[], object], device: torch.device) -> float:
+def _timed(fn: Callable[[], object], device: torch.device, inner: int) -> float:
+    """Seconds per call, over ``inner`` back-to-back calls."""
     _sync(device)
     start = time.perf_counter()
-    fn()
+    for _ in range(inner):
+        fn()
     _sync(device)
-    return time.perf_counter() - start
+    return (time.perf_counter() - start) / inner
+
+
+def _inner_calls(fn: Callable[[], object], device: torch.device, min_time: float) -> int:
+    """Calls per measurement so one measurement lasts at least ``min_time``.
+
+    Why: a single clone of a few MB takes about a millisecond, the size of a
+    scheduler tick on a shared CPU, so timing it once is mostly noise.
+    """
+    once = max(_timed(fn, device, 1), 1e-7)
+    return max(1, min(1000, int(min_time / once) + 1))
+
+
+def _round_trip_fns(
+    codec: Codec, x: torch.Tensor, compile_ops: bool
+) -> tuple[Callable[[torch.Tensor], object], Callable[[list[torch.Tensor]], object]]:
+    """The codec's two ops, optionally each compiled with Inductor (as in a real graph)."""
+    shape, dtype = list(x.shape), x.dtype
+
+    def compress(a: torch.Tensor) -> list[torch.Tensor]:
+        return codec.compress_op(a)
+
+    def decompress(payload: list[torch.Tensor]) -> torch.Tensor:
+        return codec.decompress_op(payload, shape, dtype)
+
+    if compile_ops:
+        return torch.compile(compress, fullgraph=True), torch.compile(decompress, fullgraph=True)
+    return compress, decompress
 
 
 def run(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, repeats: int,
-        warmup: int, codec_names: list[str]) -> tuple[list[Result], list[str]]:
+        warmup: int, min_time: float, compile_ops: bool,
+        codec_names: list[str]) -> tuple[list[Result], list[str]]:
     gen = torch.Generator(device=device).manual_seed(0)
     raw = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
     cases, skipped = [], []
@@ -118,20 +150,27 @@ def run(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, repeat
         x = x if scenario.bool_input else x.to(dtype)
         cases.append((codec, scenario, x))
 
-    times: dict[str, dict[str, list[float]]] = {
-        c.name: {"clone": [], "compress": [], "decompress": []} for c, _, _ in cases
-    }
     packed = {c.name: c.compress(x) for c, _, x in cases}
-    for round_index in range(warmup + repeats):
-        for codec, _, x in cases:
-            t_clone = _timed(lambda: x.clone(), device)
-            t_comp = _timed(lambda: codec.compress(x), device)
-            t_decomp = _timed(lambda: codec.decompress(packed[codec.name]), device)
-            if round_index >= warmup:
-                entry = times[codec.name]
-                entry["clone"].append(t_clone)
-                entry["compress"].append(t_comp)
-                entry["decompress"].append(t_decomp)
+    ops: dict[str, dict[str, Callable[[], object]]] = {}
+    for c, _, x in cases:
+        comp, decomp = _round_trip_fns(c, x, compile_ops)
+        payload = list(packed[c.name].payload)
+        ops[c.name] = {
+            "clone": x.clone,
+            "compress": lambda comp=comp, x=x: comp(x),
+            "decompress": lambda decomp=decomp, payload=payload: decomp(payload),
+        }
+    for _ in range(warmup):
+        for fns in ops.values():
+            for fn in fns.values():
+                _timed(fn, device, 1)
+    inner = {name: {k: _inner_calls(fn, device, min_time) for k, fn in fns.items()}
+             for name, fns in ops.items()}
+    times: dict[str, dict[str, list[float]]] = {name: {k: [] for k in fns} for name, fns in ops.items()}
+    for _ in range(repeats):  # interleaved: every codec and the copy in each round
+        for name, fns in ops.items():
+            for k, fn in fns.items():
+                times[name][k].append(_timed(fn, device, inner[name][k]))
 
     results = []
     for codec, scenario, x in cases:
@@ -175,6 +214,10 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--min-time", type=float, default=None,
+                        help="seconds per measurement (repeats calls); default 0.05 CPU, 0.01 CUDA")
+    parser.add_argument("--compile", action="store_true",
+                        help="time the ops compiled by Inductor (how they run inside a graph)")
     parser.add_argument("--codecs", nargs="*", default=None, help="subset of codec names")
     parser.add_argument("--json", default=None, help="also write results to this JSON file")
     args = parser.parse_args()
@@ -183,10 +226,13 @@ def main() -> None:
     shape = tuple(args.shape or ((4096, 4096) if device.type == "cuda" else (1024, 2048)))
     dtype = getattr(torch, args.dtype)
     names = args.codecs or available_codecs()
-    results, skipped = run(shape, dtype, device, args.repeats, args.warmup, names)
+    min_time = args.min_time if args.min_time is not None else (0.01 if device.type == "cuda" else 0.05)
+    results, skipped = run(shape, dtype, device, args.repeats, args.warmup, min_time,
+                           args.compile, names)
 
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     print(f"# codec throughput: {device.type} ({where}), shape {shape}, {args.dtype}, "
+          f"{'inductor-compiled ops' if args.compile else 'eager ops'}, "
           f"median of {args.repeats} after {args.warmup} warm-up, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads\n")
     print(markdown(results))
@@ -197,7 +243,9 @@ def main() -> None:
         print(f"\nskipped (no scenario applies): {', '.join(skipped)}")
     if args.json:
         meta = {"device": device.type, "device_name": where, "shape": shape, "dtype": args.dtype,
-                "repeats": args.repeats, "warmup": args.warmup, "torch": torch.__version__,
+                "repeats": args.repeats, "warmup": args.warmup, "min_time": min_time,
+                "compiled": args.compile,
+                "torch": torch.__version__,
                 "threads": torch.get_num_threads()}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "results": [asdict(r) for r in results],

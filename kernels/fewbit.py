@@ -3,14 +3,16 @@
 Why: the input ``x`` of GELU/SiLU is saved only so that the backward can
 evaluate ``f'(x)``. "Few-bit backward" (Novikov et al., ICML 2023) stores a
 piecewise-constant approximation of ``f'(x)`` instead: a few bits per element
-in place of 16 or 32, with no measurable effect on training.
+in place of 16 or 32, which the paper reports trains to the same accuracy.
 
 What decompress returns: **the approximate derivative** ``f'(x)`` with the
 shape and dtype of ``x``, not ``x`` (`DecompressKind.DERIVATIVE`); the graph
 rewrite multiplies it with the incoming gradient instead of calling
 ``gelu_backward`` / ``silu_backward``.
 
-Levels: 7 derivative values per activation, chosen to minimise
+Levels: 3 bits give 7 derivative values per activation plus a NaN code
+(2 bits would leave 3 levels, error 0.18-0.21; 4 bits 15 levels, about 0.04,
+at 0.5 bytes per element). They are chosen to minimise
 ``E[(q(x) - f'(x))^2]`` for ``x ~ N(0, 1)``, with 0 and 1 pinned as levels so
 that the saturated regions (and ±Inf, where f' tends to 0 and 1) come back
 exact. The constants below were produced by `fit_code_table` (weighted
@@ -20,13 +22,18 @@ tests/kernels/test_fewbit.py, which recomputes them. Quantising the *value*
 ``f'(x)`` (not contiguous x-intervals) is the optimal assignment; since f' is
 continuous, the code only changes by ±1 where f' crosses a midpoint between
 levels, so compress needs comparisons of x with fixed breakpoints, nothing
-else: bit-exact on every backend, no erf/exp in the kernel. Measured relative
-error of the derivative at x ~ N(0, 1): 0.083 (GELU), 0.085 (SiLU).
+else: bit-exact on every backend, no erf/exp in the kernel.
+
+Error of the derivative (relative, Frobenius) for x ~ N(0, s^2), measured:
+GELU 0.137 / 0.115 / 0.083 / 0.061 / 0.046 at s = 0.25 / 0.5 / 1 / 2 / 4;
+SiLU between 0.083 and 0.094 for all those s. Declared: 0.12 (GELU, holds
+for s >= 0.5) and 0.10 (SiLU). Pre-activations of transformer MLPs have
+s around 1-3; `calibrate` reports ``input_std`` so a planner can check.
 
 Code 7 is NaN (a NaN input gives a NaN derivative, as eager does). GELU
 means the exact erf form (``approximate="none"``); the tanh form's derivative
-differs from it by less than the quantisation error (ApplyQuery cannot tell
-the two apart).
+differs from it by at most 0.001, far below the quantisation error (ApplyQuery
+cannot tell the two apart).
 
 Layout: the flattened tensor's codes as three bit planes: payload[0] is uint8
 [3, ceil(numel / 8)], plane ``b`` holding bit ``b`` of elements 8j..8j+7 in
@@ -72,7 +79,8 @@ _BLOCK_BYTES = 256
 def gelu_derivative(x: torch.Tensor) -> torch.Tensor:
     """Exact d/dx of erf-GELU, ``Phi(x) + x * phi(x)``, in float64."""
     x = x.double()
-    return 0.5 * (1.0 + torch.erf(x * math.sqrt(0.5))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    density = torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    return 0.5 * (1.0 + torch.erf(x * math.sqrt(0.5))) + x * density
 
 
 def silu_derivative(x: torch.Tensor) -> torch.Tensor:
@@ -103,7 +111,9 @@ class CodeTable:
 GELU = CodeTable(
     name="fewbit_gelu",
     backward="gelu_backward",
-    levels=(-0.10339878499507904, 0.0, 0.24470356106758118, 0.5, 0.7552964687347412, 1.0, 1.1033987998962402),
+    levels=(
+        -0.10339878499507904, 0.0, 0.24470356106758118, 0.5, 0.7552964687347412, 1.0, 1.1033987998962402,
+    ),  # fmt: skip
     breakpoints=(
         -2.3296825885772705, -0.888422429561615, -0.5166283845901489, -0.1613760143518448,
         0.1613760143518448, 0.5166283845901489, 0.888422429561615, 2.3296825885772705,
@@ -115,7 +125,9 @@ GELU = CodeTable(
 SILU = CodeTable(
     name="fewbit_silu",
     backward="silu_backward",
-    levels=(0.0, 0.16660885512828827, 0.33330580592155457, 0.5, 0.6666942238807678, 0.8333911299705505, 1.0),
+    levels=(
+        0.0, 0.16660885512828827, 0.33330580592155457, 0.5, 0.6666942238807678, 0.8333911299705505, 1.0,
+    ),  # fmt: skip
     breakpoints=(
         -0.9643496870994568, -0.5229823589324951, -0.16747379302978516,
         0.16747379302978516, 0.5229823589324951, 0.9643496870994568,
@@ -164,7 +176,8 @@ def fit_code_table(
     for below in (0, 1):
         for above in (0, 1):
             inner = num_levels - len(pinned) - below - above
-            start = [low * 0.8] * below + [high * 0.9] * above + [(i + 1) / (inner + 1) for i in range(inner)]
+            spread = [(i + 1) / (inner + 1) for i in range(inner)]
+            start = [low * 0.8] * below + [high * 0.9] * above + spread
             levels = torch.sort(torch.cat([pinned_t, torch.tensor(start, dtype=torch.float64)])).values
             fixed = torch.isin(levels, pinned_t)
             for _ in range(iterations):
@@ -175,7 +188,8 @@ def fit_code_table(
                 if torch.equal(new, levels):
                     break
                 levels = new
-            err = float((weight * (levels[torch.bucketize(y, (levels[1:] + levels[:-1]) / 2)] - y) ** 2).sum())
+            quantised = levels[torch.bucketize(y, (levels[1:] + levels[:-1]) / 2)]
+            err = float((weight * (quantised - y) ** 2).sum())
             if best is None or err < best[0]:
                 best = (err, levels)
     assert best is not None
@@ -380,7 +394,9 @@ def _register(table: CodeTable) -> tuple[Any, Any]:
             return _triton_decompress(table, payload, shape, dtype)
         return _torch_decompress(table, payload, shape, dtype)
 
-    return register_codec_ops(table.name, compress=compress, decompress=decompress, payload_spec=fewbit_payload_spec)
+    return register_codec_ops(
+        table.name, compress=compress, decompress=decompress, payload_spec=fewbit_payload_spec
+    )
 
 
 fewbit_gelu_compress_op, fewbit_gelu_decompress_op = _register(GELU)
@@ -453,5 +469,5 @@ class FewBitCodec(OpCodec):
         )
 
 
-FEWBIT_GELU = REGISTRY.register(FewBitCodec(GELU, error_bound=0.1))
-FEWBIT_SILU = REGISTRY.register(FewBitCodec(SILU, error_bound=0.1))
+FEWBIT_GELU = REGISTRY.register(FewBitCodec(GELU, error_bound=0.12))
+FEWBIT_SILU = REGISTRY.register(FewBitCodec(SILU, error_bound=0.10))

@@ -311,7 +311,7 @@ def check_payload(payload: Sequence[object], spec: PayloadSpec, *, codec: str) -
     if len(devices) > 1:
         raise ValueError(f"{codec}: payload tensors are on different devices {sorted(map(str, devices))}")
     for d in devices:
-        if d.type not in _DEVICE_TYPES and d.type != "meta":
+        if d.type not in _DEVICE_TYPES:
             raise ValueError(f"{codec}: payload on device {d} not supported; use cpu or cuda")
 
 

@@ -123,14 +123,16 @@ def classify(node: fx.Node) -> OpClass:
         return OpClass.COLLECTIVE
     target = node.target
     tags = getattr(target, "tags", ())
-    for op_class, names in _NAME_RULES[:1]:
+    for op_class, names in _NAME_RULES[:2]:
         if short in names:
+            if op_class is OpClass.ATTENTION and _dropout_p(node) > 0:
+                return OpClass.RANDOM
             return op_class
     if torch.Tag.nondeterministic_seeded in tags:
         return OpClass.RANDOM
     if is_view_op(node):
         return OpClass.VIEW
-    for op_class, names in _NAME_RULES[1:]:
+    for op_class, names in _NAME_RULES[2:]:
         if short in names:
             return op_class
     val = node.meta.get("val")
@@ -139,3 +141,17 @@ def classify(node: fx.Node) -> OpClass:
     if torch.Tag.pointwise in tags:
         return OpClass.ELEMENTWISE
     return OpClass.OTHER
+
+
+def _dropout_p(node: fx.Node) -> float:
+    """The ``dropout_p`` argument of an attention op (0.0 when absent)."""
+    if "dropout_p" in node.kwargs:
+        return float(node.kwargs["dropout_p"])
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return 0.0
+    for index, arg in enumerate(schema.arguments):
+        if arg.name == "dropout_p" and index < len(node.args):
+            value = node.args[index]
+            return float(value) if isinstance(value, (int, float)) else 1.0
+    return 0.0

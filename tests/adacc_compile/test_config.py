@@ -1,0 +1,84 @@
+"""Config parsing: every option validated up front with a useful message."""
+
+from __future__ import annotations
+
+import pytest
+
+from adacc_compile.config import AdaccConfig, MemoryBudget, parse_bytes
+from adacc_compile.partitioner import AdaccPartitioner
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("12GiB", 12 * 2**30), ("800MB", 800 * 10**6), ("1.5 gb", 1_500_000_000), ("4096", 4096), ("64kib", 65536)],
+)
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (0.4, MemoryBudget(ratio=0.4)),
+        (1.0, MemoryBudget(ratio=1.0)),
+        (1, MemoryBudget(ratio=1.0)),
+        (2**30, MemoryBudget(bytes=2**30)),
+        ("12GiB", MemoryBudget(bytes=12 * 2**30)),
+        ("0.25", MemoryBudget(ratio=0.25)),
+    ],
+)
+def test_memory_budget_forms(value, expected):
+    assert AdaccConfig.from_options({"memory_budget": value}).memory_budget == expected
+
+
+@pytest.mark.parametrize("value", [0.0, 1.5, -3, "12 parsecs", True, [1]])
+def test_bad_budget_is_a_value_error(value):
+    with pytest.raises(ValueError, match="memory_budget|unit"):
+        AdaccConfig.from_options({"memory_budget": value})
+
+
+def test_unknown_option_names_the_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown adacc option\(s\) \['budget'\].*memory_budget"):
+        AdaccConfig.from_options({"budget": 0.5})
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"planner": "magic"}, "planner='magic' is not one of: milp"),
+        ({"accuracy": "perfect"}, "accuracy"),
+        ({"on_infeasible": "ignore"}, "on_infeasible"),
+        ({"solver_time_limit_s": 0}, "positive"),
+        ({"max_replans": 0}, "positive int"),
+        ({"codecs": ["nope"]}, "unknown codec"),
+    ],
+)
+def test_bad_values(options, match):
+    with pytest.raises(ValueError, match=match):
+        AdaccConfig.from_options(options)
+
+
+def test_ratio_resolves_against_baseline():
+    assert MemoryBudget(ratio=0.5).resolve(1000) == 500
+    assert MemoryBudget(bytes=123).resolve(1000) == 123
+
+
+def test_dump_dir_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("ADACC_DUMP_DIR", str(tmp_path))
+    assert AdaccConfig.from_options({}).dump_dir == str(tmp_path)
+    assert AdaccConfig.from_options({"dump_dir": "/x"}).dump_dir == "/x"
+
+
+def test_uuid_hashes_the_whole_config():
+    a = AdaccPartitioner(AdaccConfig.from_options({"memory_budget": 0.5}))
+    b = AdaccPartitioner(AdaccConfig.from_options({"memory_budget": 0.5}))
+    c = AdaccPartitioner(AdaccConfig.from_options({"memory_budget": 0.4}))
+    d = AdaccPartitioner(AdaccConfig.from_options({"memory_budget": 0.5, "planner": "greedy"}))
+    assert a.uuid() == b.uuid()
+    assert len({a.uuid(), c.uuid(), d.uuid()}) == 3
+
+
+def test_config_is_frozen():
+    config = AdaccConfig.from_options({})
+    with pytest.raises(Exception):
+        config.planner = "greedy"  # type: ignore[misc]

@@ -1,0 +1,42 @@
+"""Helpers for end-to-end tests: compile with a partitioner we can inspect."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from adacc_compile import compat
+from adacc_compile.config import AdaccConfig
+from adacc_compile.partitioner import AdaccPartitioner
+
+
+def compile_with_reports(
+    model: torch.nn.Module, backend: str, options: dict[str, Any], **compile_kwargs: Any
+) -> tuple[Callable[..., Any], AdaccPartitioner]:
+    """``torch.compile`` through the same code path as ``backend=...``, keeping
+    a handle on the partitioner so tests can read its reports."""
+    partitioner = AdaccPartitioner(AdaccConfig.from_options(options))
+
+    def backend_fn(gm, example_inputs):
+        if backend == "adacc":
+            return compat.inductor_compile(gm, example_inputs, {"custom_partitioner_fn": partitioner})
+        return compat.eager_aot_compile(gm, example_inputs, partitioner)
+
+    return torch.compile(model, backend=backend_fn, **compile_kwargs), partitioner
+
+
+def loss_and_grads(model: torch.nn.Module, fn: Callable[..., torch.Tensor], *args, seed: int = 1):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    loss = fn(*args)
+    loss.backward()
+    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def assert_same(expected, actual, *, atol: float, rtol: float) -> None:
+    (loss_e, grads_e), (loss_a, grads_a) = expected, actual
+    torch.testing.assert_close(loss_a, loss_e, atol=atol, rtol=rtol)
+    assert grads_e.keys() == grads_a.keys()
+    for name in grads_e:
+        torch.testing.assert_close(grads_a[name], grads_e[name], atol=atol, rtol=rtol, msg=name)

@@ -1,0 +1,25 @@
+"""Shared test settings: no compile caches (so the partitioner always runs),
+eager-identical random numbers in Inductor, and Dynamo reset between tests."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compile_state():
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    saved_dump = os.environ.pop("ADACC_DUMP_DIR", None)
+    torch._dynamo.reset()
+    with inductor_config.patch(fx_graph_cache=False, fallback_random=True), functorch_config.patch(
+        enable_autograd_cache=False
+    ):
+        yield
+    torch._dynamo.reset()
+    if saved_dump is not None:
+        os.environ["ADACC_DUMP_DIR"] = saved_dump

@@ -1,0 +1,91 @@
+"""Annotate pass on small traced graphs with exact expected numbers."""
+
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from adacc_compile.passes.annotate import annotate, annotation
+from adacc_compile.passes.device_profile import BUILTIN_PROFILES, DeviceProfile, calibrate, profile_by_name
+from adacc_compile.passes.op_class import OpClass
+
+PROFILE = DeviceProfile(
+    name="test", matmul_flops_per_s={"float32": 1e12}, elementwise_flops_per_s=1e11,
+    memory_bytes_per_s=1e11, launch_overhead_s=1e-6,
+)
+
+
+def traced():
+    """a[32,64] @ b[64,16] -> mm -> t (view), relu -> sum."""
+
+    def f(a, b):
+        mm = a @ b
+        return mm.t(), torch.relu(mm).sum(), torch.nn.functional.dropout(mm, 0.5, True) > 0
+
+    return make_fx(f, tracing_mode="fake")(torch.randn(32, 64), torch.randn(64, 16))
+
+
+def by_op(gm, op):
+    return next(annotation(n) for n in gm.graph.nodes if n.op == "call_function" and annotation(n).op == op)
+
+
+def test_bytes_flops_runtime_and_classes():
+    gm = annotate(traced(), PROFILE)
+    mm = by_op(gm, "aten.mm")
+    assert (mm.nbytes, mm.storage_bytes, mm.flops) == (2048, 2048, 2 * 32 * 64 * 16)
+    assert mm.op_class is OpClass.MATMUL
+    assert mm.bytes_moved == 2048 + 32 * 64 * 4 + 64 * 16 * 4
+    assert mm.runtime_s == max(mm.flops / 1e12, mm.bytes_moved / 1e11) + 1e-6
+    t = by_op(gm, "aten.t")
+    assert (t.nbytes, t.storage_bytes, t.op_class, t.runtime_s) == (0, 2048, OpClass.VIEW, 0.0)
+    assert by_op(gm, "aten.relu").op_class is OpClass.ACTIVATION
+    assert by_op(gm, "aten.sum").op_class is OpClass.REDUCTION
+    assert by_op(gm, "aten.gt").op_class is OpClass.MASK
+    random_classes = {annotation(n).op_class for n in gm.graph.nodes if "rand" in annotation(n).op or "bernoulli" in annotation(n).op or "dropout" in annotation(n).op}
+    assert random_classes and random_classes <= {OpClass.RANDOM, OpClass.DROPOUT}
+
+
+def test_placeholders_cost_nothing_and_side_is_set():
+    gm = annotate(traced(), PROFILE, backward_nodes=())
+    for node in gm.graph.nodes:
+        ann = annotation(node)
+        if node.op == "placeholder":
+            assert (ann.side, ann.nbytes, ann.runtime_s) == ("input", 0, 0.0)
+        elif node.op == "call_function":
+            assert ann.side == "forward"
+
+
+def test_layer_from_module_stack():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x).relu()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Block(), Block()])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    gm = torch.export.export(Net(), (torch.randn(2, 4),)).module()
+    layers = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            layers.add(annotate(gm, PROFILE) and annotation(node).layer)
+    assert {"layers.0", "layers.1"} <= layers
+
+
+def test_profiles():
+    assert profile_by_name("h200").memory_bytes_per_s > profile_by_name("a100").memory_bytes_per_s
+    assert set(BUILTIN_PROFILES) == {"a100", "h100", "h200"}
+    cpu = calibrate("cpu")
+    assert cpu is calibrate("cpu"), "calibration is cached per process"
+    assert cpu.matmul_rate(torch.float32) > 1e8 and cpu.memory_bytes_per_s > 1e8
+    assert 0 < cpu.launch_overhead_s < 1e-2
