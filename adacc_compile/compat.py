@@ -278,3 +278,97 @@ def allocator_totals(prof: Any) -> list[int]:
         return []
     base = events[0][1] - events[0][2]
     return [total - base for _time, total, _size in events]
+
+
+# --------------------------------------------------------------------------
+# order pinning and process groups (issue 5: recompute in comm windows)
+# --------------------------------------------------------------------------
+
+
+def pin_order(gm: fx.GraphModule, deps: dict[fx.Node, list[fx.Node]]) -> bool:
+    """Makes each key node run after its listed nodes, in a way Inductor's
+    scheduler honours: the node is wrapped in the ``control_deps`` higher-order
+    op (``torch._inductor.fx_passes.control_dependencies``), whose lowering
+    realises the dependencies and adds them as scheduler edges. The wrapped
+    node keeps its name and meta; eager execution runs it unchanged.
+
+    Returns False (graph untouched) where this torch lacks the mechanism.
+    """
+    if not deps:
+        return False
+    try:
+        from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    except ImportError:  # pragma: no cover - older torch
+        return False
+    preserve_node_ordering(gm.graph, {node: list(after) for node, after in deps.items()})
+    gm.graph.lint()
+    gm.recompile()
+    return True
+
+
+def pinned_target(node: fx.Node) -> Any:
+    """The op a `pin_order` wrapper runs, or None when ``node`` is not one."""
+    try:
+        from torch._inductor.fx_passes.control_dependencies import control_deps
+    except ImportError:  # pragma: no cover - older torch
+        return None
+    if node.op != "call_function" or node.target is not control_deps:
+        return None
+    subgraph = node.args[1]
+    if isinstance(subgraph, fx.Node) and subgraph.op == "get_attr":
+        owner = node.graph.owning_module
+        subgraph = getattr(owner, str(subgraph.target), None) if owner is not None else None
+    if not isinstance(subgraph, fx.GraphModule):
+        return None
+    calls = [n for n in subgraph.graph.nodes if n.op == "call_function"]
+    return calls[0].target if len(calls) == 1 else None
+
+
+def dist_ready() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def resolve_group(group_name: str) -> Any:
+    """The ProcessGroup a functional collective names (None if unknown)."""
+    if not dist_ready():
+        return None
+    try:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        return _resolve_process_group(group_name)
+    except Exception:
+        return None
+
+
+def group_size(group_name: str, default: int = 1) -> int:
+    group = resolve_group(group_name)
+    return int(group.size()) if group is not None else default
+
+
+def group_ranks(group_name: str) -> list[int]:
+    """Global ranks of a named group ([] when distributed is not set up)."""
+    import torch.distributed as dist
+
+    group = resolve_group(group_name)
+    return list(dist.get_process_group_ranks(group)) if group is not None else []
+
+
+def group_backend(group_name: str) -> str | None:
+    import torch.distributed as dist
+
+    group = resolve_group(group_name)
+    if group is None:
+        return None
+    try:
+        return str(dist.get_backend(group))
+    except Exception:
+        return None
+
+
+def default_store() -> Any:
+    """The c10d key-value store of the default process group."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()

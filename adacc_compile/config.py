@@ -144,6 +144,29 @@ class AdaccConfig:
     solver_threads: int = 1
     """HiGHS threads; 1 keeps the plan deterministic across ranks."""
 
+    block_reuse: bool = True
+    """Solve one instance of each set of identical blocks and replicate it
+    (Lynx HEU); False forces the full MILP (for comparison)."""
+
+    # --- communication windows (issue 5, Lynx) -----------------------------
+
+    overlap_recompute: bool = True
+    """Run recomputation inside the backward's communication windows (after a
+    collective is issued, before its wait). False keeps the same plan but
+    recomputes on demand, right before first use (the A/B baseline)."""
+
+    comm_profile: str = "auto"
+    """Link cost model for the windows: "auto" (NCCL -> "nvlink", else
+    "gloo_cpu"), a built-in link ("nvlink3", "nvlink4", "pcie4", "pcie5",
+    "ib_hdr", "ib_ndr", "gloo_cpu"; aliases "nvlink", "pcie", "infiniband",
+    "gloo"), or "calibrate" (time all-reduces on the group at compile time)."""
+
+    plan_check_timeout_s: float = 300.0
+    """With torch.distributed initialised, how long to wait for the other
+    ranks' plan hashes before raising (a mismatch raises at once)."""
+
+    # ------------------------------------------------------------------------
+
     @staticmethod
     def from_options(options: Mapping[str, Any] | None) -> "AdaccConfig":
         """Validates ``options`` and builds the config; env ADACC_DUMP_DIR is
@@ -158,10 +181,13 @@ class AdaccConfig:
         kwargs: dict[str, Any] = {}
         if "memory_budget" in options:
             kwargs["memory_budget"] = MemoryBudget.parse(options["memory_budget"])
-        for name in ("planner", "on_infeasible", "accuracy", "device_profile"):
+        for name in ("planner", "on_infeasible", "accuracy", "device_profile", "comm_profile"):
             if name in options:
                 kwargs[name] = str(options[name])
-        for name in ("solver_time_limit_s", "mip_rel_gap"):
+        for name in ("overlap_recompute", "block_reuse"):
+            if name in options:
+                kwargs[name] = _bool(name, options[name])
+        for name in ("solver_time_limit_s", "mip_rel_gap", "plan_check_timeout_s"):
             if name in options:
                 kwargs[name] = _positive_float(name, options[name])
         for name in ("max_replans", "solver_threads"):
@@ -184,6 +210,9 @@ class AdaccConfig:
         _choice("planner", self.planner, PLANNERS)
         _choice("on_infeasible", self.on_infeasible, ON_INFEASIBLE)
         _choice("accuracy", self.accuracy, ACCURACY_MODES)
+        from adacc_compile.passes.comm_model import LINK_CHOICES
+
+        _choice("comm_profile", self.comm_profile.lower(), LINK_CHOICES)
         if self.codecs:
             from adacc_compile.kernels import available_codecs
 
@@ -202,6 +231,14 @@ class AdaccConfig:
 def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
     if value not in valid:
         raise ValueError(f"{name}={value!r} is not one of: {', '.join(valid)}")
+
+
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return value.lower() in ("1", "true", "yes", "on")
+    raise ValueError(f"{name}={value!r} must be a bool")
 
 
 def _positive_float(name: str, value: Any) -> float:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,12 +87,14 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(GPTBlock(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.checkpoint_blocks = False
+        """Full activation checkpointing of every block (a baseline)."""
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpoint_blocks else block(x)
         logits = self.lm_head(self.ln_f(x))
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
@@ -159,13 +162,18 @@ class Llama(nn.Module):
         cos, sin = rope_tables(cfg.seq_len, cfg.d_model // cfg.n_head, cfg.rope_theta)
         self.register_buffer("cos", cos[:, None, :], persistent=False)
         self.register_buffer("sin", sin[:, None, :], persistent=False)
+        self.checkpoint_blocks = False
+        """Full activation checkpointing of every block (a baseline)."""
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
         x = self.tok(idx)
         cos, sin = self.cos[:t], self.sin[:t]
         for block in self.blocks:
-            x = block(x, cos, sin)
+            if self.checkpoint_blocks:
+                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
         logits = self.out(self.norm(x))
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 

@@ -4,10 +4,14 @@
     classify  which nodes are forward and which backward
     annotate  bytes, FLOPs, runtime, op class, layer per node
     candidates  the plan problem: forward values the backward may need
+    windows   backward communication windows and what may hide in them (issue 5)
+    structure identical blocks folded into one (Lynx HEU)
     budget    the budget in bytes; baseline and reachable minimum
-    plan      policy (MILP) -> decisions; rewrite + simulate; tighten until
-              the simulated activation peak fits
+    plan      policy (MILP) -> decisions; split, insert codecs, simulate;
+              tighten until the simulated activation peak fits
     verify    invariants of the fw/bw split
+    schedule  recomputation moved into its windows, order pinned (issue 5)
+    agree     plan hash, checked across ranks when distributed (issue 5)
     report    summary, plan table, dumps, structured logs
 
 Each stage is a plain function ``stage(state) -> None`` that fills fields of
@@ -28,15 +32,19 @@ import torch.fx as fx
 
 from adacc_compile import compat
 from adacc_compile.config import AdaccConfig
+from adacc_compile.overlap import OverlapState, agree_stage, schedule_stage, windows_stage
 from adacc_compile.passes.annotate import annotate
 from adacc_compile.passes.budget import BudgetResolution, resolve_budget
 from adacc_compile.passes.candidates import CandidateSet, find_candidates
+from adacc_compile.passes.codec_options import allowed_codecs, make_compress_options
+from adacc_compile.passes.compress_rewrite import apply_compression
 from adacc_compile.passes.device_profile import DeviceProfile, profile_by_name
 from adacc_compile.passes.memory_sim import MemoryTimeline, simulate_step
 from adacc_compile.passes.milp import SolverOptions
 from adacc_compile.passes.plan_problem import PlanSolution, check_solution
 from adacc_compile.passes.policies import get_policy
 from adacc_compile.passes.rewrite import saved_values_for, split_joint_graph
+from adacc_compile.passes.structure import BlockReduction, no_reduction, reduce_identical_blocks
 from adacc_compile.passes.verify import verify_split
 
 log = logging.getLogger(__name__)
@@ -56,6 +64,7 @@ class PartitionState:
     info: compat.JointGraphInfo | None = None
     profile: DeviceProfile | None = None
     candidates: CandidateSet | None = None
+    reduction: BlockReduction | None = None
     budget: BudgetResolution | None = None
     solution: PlanSolution | None = None
     saved_values: list[fx.Node] = field(default_factory=list)
@@ -65,6 +74,8 @@ class PartitionState:
     replans: int = 0
     stage_seconds: dict[str, float] = field(default_factory=dict)
     report: dict[str, Any] = field(default_factory=dict)
+    overlap: OverlapState | None = None
+    """Communication windows, placement and plan hash (issue 5)."""
 
     @property
     def solver_options(self) -> SolverOptions:
@@ -97,14 +108,28 @@ def annotate_stage(state: PartitionState) -> None:
 
 
 def candidates_stage(state: PartitionState) -> None:
-    assert state.info is not None
-    state.candidates = find_candidates(state.joint, state.info)
+    assert state.info is not None and state.profile is not None
+    codecs = allowed_codecs(state.config.accuracy, state.config.codecs)
+    options = make_compress_options(codecs, state.profile, state.info.backward_nodes)
+    state.candidates = find_candidates(state.joint, state.info, options)
+
+
+def structure_stage(state: PartitionState) -> None:
+    """Identical blocks share one set of decisions (Lynx HEU); off with
+    ``block_reuse=False`` and where communication windows are in play
+    (windows are per block, which the reduction does not model yet)."""
+    assert state.candidates is not None
+    problem = state.candidates.problem
+    if state.config.block_reuse and not problem.windows:
+        state.reduction = reduce_identical_blocks(problem, state.candidates.nodes)
+    else:
+        state.reduction = no_reduction(problem)
 
 
 def budget_stage(state: PartitionState) -> None:
-    assert state.candidates is not None
+    assert state.reduction is not None
     state.budget = resolve_budget(
-        state.candidates.problem,
+        state.reduction.problem,
         state.config.memory_budget,
         state.solver_options,
         on_infeasible=state.config.on_infeasible,
@@ -115,20 +140,23 @@ def plan_stage(state: PartitionState) -> None:
     """Solve, split, simulate; while the simulated activation peak exceeds
     the budget, lower the boundary cap by the excess and solve again."""
     assert state.candidates is not None and state.budget is not None and state.info is not None
+    assert state.reduction is not None
     policy = get_policy(state.config.planner)
     target = state.budget.budget_bytes
     cap = target
     best = None
     for attempt in range(state.config.max_replans + 1):
-        problem = dataclasses.replace(state.candidates.problem, budget_bytes=cap)
+        problem = dataclasses.replace(state.reduction.problem, budget_bytes=cap)
         solution = policy(problem, state.solver_options)
         if solution.status == "infeasible":
             break
-        errors = check_solution(dataclasses.replace(problem, budget_bytes=None), solution)
+        solution = state.reduction.expand(solution)
+        errors = check_solution(state.candidates.problem, solution)
         if errors:
             raise RuntimeError(f"adacc planner {solution.solver} produced an illegal plan: {errors}")
         saved = saved_values_for(state.joint, state.info, state.candidates, solution)
         fw, bw = split_joint_graph(state.joint, state.info, saved, num_fwd_outputs=state.num_fwd_outputs)
+        fw, bw = apply_compression(fw, bw, solution, num_fwd_outputs=state.num_fwd_outputs)
         timeline = simulate_step(
             fw, bw, num_fwd_outputs=state.num_fwd_outputs, forward_names=state.forward_names
         )
@@ -182,9 +210,13 @@ STAGES: tuple[tuple[str, Callable[[PartitionState], None]], ...] = (
     ("classify", classify),
     ("annotate", annotate_stage),
     ("candidates", candidates_stage),
+    ("windows", windows_stage),
+    ("structure", structure_stage),
     ("budget", budget_stage),
     ("plan", plan_stage),
     ("verify", verify_stage),
+    ("schedule", schedule_stage),
+    ("agree", agree_stage),
     ("report", report_stage),
 )
 

@@ -28,7 +28,7 @@ import os
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from adacc_compile import compat
+from adacc_compile import compat, overlap
 from adacc_compile.passes.annotate import META_KEY
 from adacc_compile.passes.milp import write_lp
 from adacc_compile.passes.plan_problem import Decision, added_seconds, saved_bytes
@@ -113,10 +113,26 @@ def summarize(state: "PartitionState") -> dict[str, Any]:
         "replans": state.replans,
         "decisions": {d.value: counts.get(d.value, 0) for d in Decision},
         "num_candidates": len(problem.candidates),
+        "block_reuse": state.reduction.summary() if state.reduction else {"used": False},
+        "compressed_bytes_saved": _compressed_bytes_saved(state),
+        "codecs": dict(Counter(c.codec for c in state.solution.choices.values() if c.codec)),
         "device_profile": state.profile.name if state.profile else "",
         "stage_seconds": dict(state.stage_seconds),
         "notes": list(state.solution.notes),
+        **overlap.summary(state),  # issue 5: windows, overlapped recompute, plan hash
     }
+
+
+def _compressed_bytes_saved(state: "PartitionState") -> int:
+    """Bytes compression saves against keeping the same values."""
+    assert state.candidates is not None and state.solution is not None
+    saved = 0
+    for cand in state.candidates.problem.candidates:
+        choice = state.solution.choices.get(cand.name)
+        if choice is not None and choice.decision is Decision.COMPRESS:
+            option = next(o for o in cand.compress if o.codec == choice.codec)
+            saved += cand.keep_bytes - option.nbytes
+    return saved
 
 
 def summary_line(summary: dict[str, Any]) -> str:
@@ -182,6 +198,7 @@ def write_dumps(
     _write(folder, "forward.py", state.fw_module.print_readable(print_output=False))
     _write(folder, "backward.py", state.bw_module.print_readable(print_output=False))
     _write(folder, "memory_timeline.json", json.dumps(state.timeline.to_json()))
+    _write(folder, "windows.json", json.dumps(overlap.dump(state), indent=1))  # issue 5
     _plot_timeline(state, os.path.join(folder, "memory_timeline.png"))
     config = json.loads(state.config.to_json())
     _write(folder, "summary.json", json.dumps({**summary, "config": config}, indent=1, default=str))

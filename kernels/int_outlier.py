@@ -8,19 +8,23 @@ all its neighbours. Adacc keeps those channels at full precision and
 quantises the rest; this module does that, choosing the channels per call.
 
 Layout: ``x`` is viewed as R rows x C channels (C = last dim; a 0-d tensor is
-1 x 1), with G = 64 (int8) or 32 (int4) channels per group and
-K = min(C, max(1, C // 64)) outlier slots. The payload is::
+1 x 1), with G = 64 (int8) or 32 (int4) channels per group, P = ceil(C / G) * G
+channels once padded to whole groups, and K = min(C, max(1, C // 64)) outlier
+slots. The payload is::
 
-    [0] codes   int8  [R, C]           int8_outlier
-                uint8 [R, ceil(C / 2)] int4_outlier: channel 2j in the low
-                                       nibble, 2j + 1 in the high one (an odd
-                                       C leaves the last high nibble 0)
-    [1] scales  bfloat16 [R, ceil(C / G)]  one symmetric scale per row and group
-    [2] index   int32 [K]              outlier channels, ascending
-    [3] values  x.dtype [R, K]         those channels, bit for bit
+    [0] codes   int8  [R, P]       int8_outlier
+                uint8 [R, P / 2]   int4_outlier: channel 2j in the low nibble,
+                                   2j + 1 in the high one
+    [1] scales  bfloat16 [R, P / G]  one symmetric scale per row and group
+    [2] index   int32 [K]          outlier channels, ascending
+    [3] values  x.dtype [R, K]     those channels, bit for bit
 
 Every size depends on the shape and dtype only, so `compressed_nbytes` is
-exact before any data is seen (the planner needs that).
+exact before any data is seen (the planner needs that). Padding codes (0)
+cost nothing for the usual hidden sizes (multiples of 64); they are stored
+because Inductor's CPU backend (torch 2.13) miscompiles the per-group
+broadcast when the code tensor is cut back to C channels (it splits the C
+loop into groups of G and drops the remainder when G does not divide C).
 
 Outlier channels: the score of a channel is its largest finite |x| over all
 rows; the K best scores win (ties: lower channel first). Filling all K slots,
@@ -136,7 +140,10 @@ def int_outlier_payload_spec(fmt: IntFormat, shape: Sequence[Any], dtype: torch.
     rows, channels = rows_channels(shape)
     groups = (channels + fmt.group - 1) // fmt.group
     slots = outlier_slots(channels)
-    codes = ((rows, (channels + 1) // 2), torch.uint8) if fmt.pack4 else ((rows, channels), torch.int8)
+    if fmt.pack4:
+        codes = ((rows, groups * (fmt.group // 2)), torch.uint8)
+    else:
+        codes = ((rows, groups * fmt.group), torch.int8)
     return [codes, ((rows, groups), _SCALE_DTYPE), ((slots,), torch.int32), ((rows, slots), dtype)]
 
 
@@ -200,30 +207,25 @@ def _torch_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     x2d = _view2d(x)
     rows, channels = x2d.shape
     index = select_outlier_channels(torch_channel_absmax(x2d), outlier_slots(channels))
-    slot = slot_map(index, channels)
     groups = (channels + fmt.group - 1) // fmt.group
     pad = groups * fmt.group - channels
-    xf = x2d.float()
+    # Everything per element happens on the padded [R, groups, G] layout (see
+    # the module docstring for the Inductor bug this avoids).
+    xf = F.pad(x2d.float(), (0, pad)).view(rows, groups, fmt.group)
+    regular = F.pad(slot_map(index, channels) < 0, (0, pad), value=True).view(groups, fmt.group)
     finite = xf.abs() < torch.inf
-    regular = (slot < 0).unsqueeze(0)
     nonfinite = regular & ~finite
     kept = torch.where(regular & finite, xf, 0.0)
-    grouped = F.pad(kept.abs(), (0, pad)).view(rows, groups, fmt.group)
-    special = F.pad(nonfinite, (0, pad)).view(rows, groups, fmt.group).any(dim=-1)
+    special = nonfinite.any(dim=-1)
     limit = torch.where(special, fmt.qmax - 1.0, float(fmt.qmax))
-    scale, scale_f = truncate_to_bfloat16(grouped.amax(dim=-1) / limit)
-    # Per-column gathers rather than a padded [R, groups, G] view sliced back
-    # to C columns: Inductor's CPU backend (torch 2.13) miscompiles the latter
-    # when fused with the rest of this function.
-    column_group = torch.arange(channels, device=x.device) // fmt.group
-    column_limit = limit[:, column_group]
-    y = kept / torch.where(scale_f > 0, scale_f, 1.0)[:, column_group]
-    y = torch.minimum(torch.maximum(y, -column_limit), column_limit)
-    codes = torch.round(y).to(torch.int32)
+    scale, scale_f = truncate_to_bfloat16(kept.abs().amax(dim=-1) / limit)
+    y = kept / torch.where(scale_f > 0, scale_f, 1.0).unsqueeze(-1)
+    y = torch.minimum(torch.maximum(y, -limit.unsqueeze(-1)), limit.unsqueeze(-1))
     special_code = torch.where(xf.isnan(), -fmt.qmax - 1, torch.where(xf > 0, fmt.qmax, -fmt.qmax))
-    codes = torch.where(nonfinite, special_code, codes)
+    codes = torch.where(nonfinite, special_code, torch.round(y).to(torch.int32))
+    codes = codes.view(rows, groups * fmt.group)
     if fmt.pack4:
-        nibbles = F.pad(codes & 15, (0, channels % 2)).view(rows, (channels + 1) // 2, 2)
+        nibbles = (codes & 15).view(rows, groups * (fmt.group // 2), 2)
         packed = (nibbles[..., 0] | (nibbles[..., 1] << 4)).to(torch.uint8)
     else:
         packed = codes.to(torch.int8)
@@ -238,20 +240,22 @@ def _torch_decompress(
     shape = _check_decompress(fmt, payload, shape, dtype)
     packed, scale, index, values = payload
     rows, channels = rows_channels(shape)
+    groups = scale.shape[1]
     if fmt.pack4:
         b = packed.to(torch.int32)
-        nibbles = torch.stack(((b & 15), (b >> 4) & 15), dim=-1).view(rows, 2 * b.shape[1])
-        codes = (nibbles[:, :channels] ^ 8) - 8
+        codes = (torch.stack(((b & 15), (b >> 4) & 15), dim=-1) ^ 8) - 8
     else:
         codes = packed.to(torch.int32)
-    s = scale.float()[:, torch.arange(channels, device=scale.device) // fmt.group]
+    codes = codes.reshape(rows, groups, fmt.group)
+    s = scale.float().unsqueeze(-1)
     special = torch.signbit(s)
     v = codes.float() * s.abs()
     v = torch.where(special & (codes == -fmt.qmax - 1), torch.nan, v)
     v = torch.where(special & (codes == -fmt.qmax), -torch.inf, v)
     v = torch.where(special & (codes == fmt.qmax), torch.inf, v)
-    out = v.to(dtype).index_copy(1, index.long(), values)
-    return out.reshape(shape)
+    # Outliers are written into the padded buffer, which is then cut to C.
+    padded = v.to(dtype).view(rows, groups * fmt.group).index_copy(1, index.long(), values)
+    return padded[:, :channels].reshape(shape)
 
 
 def torch_int8_outlier_compress(x: torch.Tensor) -> list[torch.Tensor]:
@@ -384,10 +388,10 @@ def _quantize_kernel(
     if PACK4:
         byte = (q_e & 15) | ((q_o & 15) << 4)
         offsets = rows[:, None] * code_stride + (group * (GROUP // 2) + half)[None, :]
-        tl.store(code_ptr + offsets, byte.to(tl.uint8), mask=valid_e)
-    else:
-        tl.store(code_ptr + rows[:, None] * code_stride + col_e[None, :], q_e.to(tl.int8), mask=valid_e)
-        tl.store(code_ptr + rows[:, None] * code_stride + col_o[None, :], q_o.to(tl.int8), mask=valid_o)
+        tl.store(code_ptr + offsets, byte.to(tl.uint8), mask=rmask[:, None])
+    else:  # padding channels (col >= C) get code 0
+        tl.store(code_ptr + rows[:, None] * code_stride + col_e[None, :], q_e.to(tl.int8), mask=rmask[:, None])
+        tl.store(code_ptr + rows[:, None] * code_stride + col_o[None, :], q_o.to(tl.int8), mask=rmask[:, None])
     tl.store(value_ptr + rows[:, None] * K + slot_e[None, :], raw_e, mask=valid_e & (slot_e >= 0)[None, :])
     tl.store(value_ptr + rows[:, None] * K + slot_o[None, :], raw_o, mask=valid_o & (slot_o >= 0)[None, :])
 

@@ -9,7 +9,8 @@ A candidate is every forward value that the backward reads directly
 a recompute chain). Legality per value:
 
 * keep: any single tensor (a multi-output node's tuple cannot be saved; its
-  ``getitem`` outputs can);
+  ``getitem`` outputs can), except views of a keepable candidate (keeping
+  the base instead is never worse);
 * recompute: not for random ops (no RNG replay here), collectives, effectful
   ops, or values PyTorch tagged "must save";
 * compress: each codec whose ``applies`` check accepts the value (issue 4).
@@ -63,7 +64,7 @@ def find_candidates(
                 recompute_seconds=ann.runtime_s,
                 inputs=inputs,
                 required=node in required,
-                can_keep=isinstance(val, torch.Tensor),
+                can_keep=isinstance(val, torch.Tensor) and not _view_of_keepable(node, needed),
                 can_recompute=_recomputable(node),
                 compress=compress_options(node) if compress_options else (),
                 block=ann.layer,
@@ -97,6 +98,20 @@ def _upstream_forward_values(seeds: Iterable[fx.Node], forward: frozenset[fx.Nod
         needed.add(node)
         stack.extend(node.all_input_nodes)
     return needed
+
+
+def _view_of_keepable(node: fx.Node, needed: set[fx.Node]) -> bool:
+    """Keeping a view costs its base's storage, and recomputing it from the
+    base is free, so keeping the base instead is never worse: offering
+    "keep" for such views only adds symmetric alternatives to the MILP."""
+    if annotation(node).op_class is not OpClass.VIEW or not node.args:
+        return False
+    base = node.args[0]
+    if not isinstance(base, fx.Node) or base not in needed:
+        return False
+    if not isinstance(base.meta.get("val"), torch.Tensor) or not _recomputable(node):
+        return False
+    return annotation(base).storage_bytes <= annotation(node).storage_bytes
 
 
 def _recomputable(node: fx.Node) -> bool:

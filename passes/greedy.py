@@ -76,7 +76,12 @@ def _trials(cand: Candidate, by_name: dict[str, Candidate], state: dict[str, Cho
             yield trial
         except _Stuck:
             pass
+    needed_as_value = any(
+        c.decision is Decision.RECOMPUTE and cand.name in by_name[n].inputs for n, c in state.items()
+    )
     for option in cand.compress:
+        if needed_as_value and not option.provides_value:
+            continue
         trial = dict(state)
         trial[cand.name] = Choice(decision=Decision.COMPRESS, codec=option.codec)
         yield trial

@@ -12,6 +12,21 @@ Variables, for every candidate value v (only the legal ones exist):
 * objective: added time ``Σ rec·t_rec + Σ comp·t_codec`` (µs), plus a tie
   break worth at most 0.1% of the cheapest option that prefers fewer bytes.
 
+Communication windows (Lynx, issue 5), when the problem has any:
+``ov[v, w]`` for every window w legal for v's recompute, binary;
+
+* ``Σw ov[v, w] ≤ rec[v]`` (only a recomputed value is placed, in one window);
+* capacity: ``Σv t_rec[v]·ov[v, w] ≤ d[w]``;
+* inputs: a placed value's recomputed candidate inputs are placed too, so
+  a window holds exactly the work its capacity counts:
+  ``Σw ov[v, w] + rec[u] - Σw ov[u, w] ≤ 1``;
+* order: for each candidate input u of v, u may not sit in a window that
+  opens after v's: ``Σw o[w]·ov[u, w] - Σw o[w]·ov[v, w] + M·Σw ov[v, w] ≤ M``
+  with o[w] the window's opening position and M the largest one;
+* overlapped recompute time is not charged: ``ov[v, w]`` costs ``-t_rec[v]``
+  plus a tie break (about twice v's byte tie break, so at no memory pressure
+  keeping still wins, and later windows, nearer the use, are preferred).
+
 Only this module imports highspy. The model is passed to HiGHS as one
 row-wise sparse matrix (fast even for tens of thousands of variables) and
 can be written as an ``.lp`` file for inspection.
@@ -28,6 +43,8 @@ import numpy as np
 from .plan_problem import Candidate, Choice, Decision, PlanProblem, PlanSolution
 
 _US = 1e6
+TIE_BREAK = 1e-3
+"""Weight of the fewer-bytes tie break, relative to the cheapest option."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,11 +63,18 @@ class _Var:
     codec: str | None
     seconds: float
     nbytes: int
+    window: str | None = None
+    """Set on an ``ov[v, w]`` variable (issue 5)."""
+    provides_value: bool = True
+    """False for codecs that cannot feed a recompute (few-bit derivatives)."""
 
 
 @dataclass(slots=True)
 class _Model:
     vars: list[_Var] = field(default_factory=list)
+    credit: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    """``ov`` variable -> (recompute seconds it hides, bytes for the tie
+    break, lateness in [0, 1) for the tie break) (issue 5)."""
     by_candidate: dict[str, list[int]] = field(default_factory=dict)
     rows: list[tuple[float, float, list[int], list[float], str]] = field(default_factory=list)
 
@@ -108,10 +132,16 @@ def solve_milp(
         )
     values = np.asarray(highs.getSolution().col_value)
     choices: dict[str, Choice] = {}
+    windows: dict[str, str] = {}
     for index, var in enumerate(model.vars):
         if values[index] > 0.5:
+            if var.window is not None:
+                windows[var.candidate] = var.window
+                continue
             choices[var.candidate] = Choice(decision=var.decision, codec=var.codec)
-    return PlanSolution(choices=choices, status=label, solver="milp", solve_seconds=seconds)
+    return PlanSolution(
+        choices=choices, status=label, solver="milp", solve_seconds=seconds, windows=windows
+    )
 
 
 def _build(problem: PlanProblem, *, minimize: str, time_cap_s: float | None) -> _Model:
@@ -132,7 +162,9 @@ def _build(problem: PlanProblem, *, minimize: str, time_cap_s: float | None) -> 
             for inp in dict.fromkeys(cand.inputs):
                 if inp not in names:
                     continue
-                supply = model.by_candidate.get(inp, [])
+                supply = [
+                    i for i in model.by_candidate.get(inp, []) if model.vars[i].provides_value
+                ]
                 # rec[v] - Σ avail[u] ≤ 0
                 model.rows.append(
                     (-np.inf, 0.0, [r, *supply], [1.0] + [-1.0] * len(supply), f"dep_{cand.name}_{inp}")
@@ -149,7 +181,54 @@ def _build(problem: PlanProblem, *, minimize: str, time_cap_s: float | None) -> 
             model.rows.append(
                 (-np.inf, cap, timed, [model.vars[i].seconds * _US for i in timed], "time_cap")
             )
+    if minimize == "time" and problem.windows:
+        _add_windows(model, problem)
     return model
+
+
+def _add_windows(model: _Model, problem: PlanProblem) -> None:
+    """The ``ov[v, w]`` variables and their rows (see the module docstring)."""
+    windows = {w.name: w for w in problem.windows if w.seconds > 0}
+    ov: dict[str, list[int]] = {}
+    for cand in problem.candidates:
+        legal = [w for w in dict.fromkeys(cand.windows) if w in windows]
+        rec = [i for i in model.by_candidate.get(cand.name, []) if model.vars[i].decision is Decision.RECOMPUTE]
+        if not legal or not rec:
+            continue
+        legal.sort(key=lambda w: (windows[w].opens, w))
+        for rank, window in enumerate(legal):
+            lateness = (len(legal) - rank) / (len(legal) + 1) / max(len(problem.candidates), 1)
+            model.vars.append(_Var(cand.name, Decision.RECOMPUTE, None, 0.0, 0, window=window))
+            index = len(model.vars) - 1
+            model.credit[index] = (cand.recompute_seconds, 2.0 * cand.keep_bytes, lateness)
+            ov.setdefault(cand.name, []).append(index)
+        cols = ov[cand.name]
+        model.rows.append((-np.inf, 0.0, [*cols, rec[0]], [1.0] * len(cols) + [-1.0], f"ov_{cand.name}"))
+    for name, window in windows.items():
+        cols = [i for idxs in ov.values() for i in idxs if model.vars[i].window == name]
+        if cols:
+            coefs = [model.credit[i][0] * _US for i in cols]
+            model.rows.append((-np.inf, window.seconds * _US, cols, coefs, f"window_{name}"))
+    big_m = float(max((w.opens for w in windows.values()), default=0) + 1)
+    for cand in problem.candidates:
+        mine = ov.get(cand.name)
+        if not mine:
+            continue
+        for inp in dict.fromkeys(cand.inputs):
+            theirs = ov.get(inp, [])
+            rec_in = [i for i in model.by_candidate.get(inp, []) if model.vars[i].decision is Decision.RECOMPUTE]
+            if rec_in:  # Σ ov[v] + rec[u] - Σ ov[u] ≤ 1
+                cols = [*mine, rec_in[0], *theirs]
+                coefs = [1.0] * len(mine) + [1.0] + [-1.0] * len(theirs)
+                model.rows.append((-np.inf, 1.0, cols, coefs, f"ovin_{cand.name}_{inp}"))
+            if not theirs:
+                continue
+            # Σ o·ov[u] - Σ o·ov[v] + M·Σ ov[v] ≤ M
+            cols = [*theirs, *mine]
+            coefs = [float(windows[model.vars[i].window].opens) for i in theirs] + [
+                big_m - float(windows[model.vars[i].window].opens) for i in mine
+            ]
+            model.rows.append((-np.inf, big_m, cols, coefs, f"order_{cand.name}_{inp}"))
 
 
 def _options(cand: Candidate) -> list[_Var]:
@@ -159,7 +238,12 @@ def _options(cand: Candidate) -> list[_Var]:
     if cand.can_recompute:
         out.append(_Var(cand.name, Decision.RECOMPUTE, None, cand.recompute_seconds, 0))
     for opt in cand.compress:
-        out.append(_Var(cand.name, Decision.COMPRESS, opt.codec, opt.seconds, opt.nbytes))
+        out.append(
+            _Var(
+                cand.name, Decision.COMPRESS, opt.codec, opt.seconds, opt.nbytes,
+                provides_value=opt.provides_value,
+            )
+        )
     return out
 
 
@@ -171,7 +255,9 @@ def _to_lp(model: _Model, minimize: str, problem: PlanProblem) -> highspy.HighsL
         positive = seconds[seconds > 0]
         cheapest = float(positive.min()) if positive.size else 1.0
         total_bytes = float(nbytes.sum()) or 1.0
-        cost = seconds + 1e-3 * cheapest * nbytes / total_bytes
+        cost = seconds + TIE_BREAK * cheapest * nbytes / total_bytes
+        for index, (credit, tie_bytes, lateness) in model.credit.items():  # ov[v, w] (issue 5)
+            cost[index] = -credit * _US + 1e-3 * cheapest * (tie_bytes / total_bytes + lateness)
     else:
         cost = nbytes / 2**20
     lp = highspy.HighsLp()
@@ -202,6 +288,8 @@ def _to_lp(model: _Model, minimize: str, problem: PlanProblem) -> highspy.HighsL
 
 def _var_name(index: int, var: _Var) -> str:
     suffix = var.decision.value if var.codec is None else f"comp_{var.codec}"
+    if var.window is not None:
+        suffix = f"ov_{var.window}"
     return _safe(f"{suffix}_{var.candidate}")[:200] + f"_{index}"
 
 

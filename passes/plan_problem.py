@@ -33,6 +33,9 @@ class CompressOption:
     """Compress + decompress time."""
     error: float = 0.0
     """Declared relative error (0 for lossless codecs)."""
+    provides_value: bool = True
+    """False for codecs whose decompress yields something other than the
+    value (few-bit activation derivatives): they cannot feed a recompute."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +56,28 @@ class Candidate:
     compress: tuple[CompressOption, ...] = ()
     block: str = ""
     """Repeated-block id (e.g. "layers.3"), empty outside blocks."""
+    windows: tuple[str, ...] = ()
+    """Communication windows its recomputation may be placed in (Lynx): the
+    window opens before this value's first backward use (issue 5)."""
+
+
+# --- communication windows (issue 5, Lynx) ---------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommWindow:
+    """Time while a backward collective is in flight (issue .. wait)."""
+
+    name: str
+    """The collective's issue node."""
+    seconds: float
+    """Capacity: communication time minus compute already inside the window."""
+    opens: int = 0
+    """Position of the issue node in the backward order (windows are compared
+    by it: a recompute feeding one in window w may not sit in a later one)."""
+
+
+# ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +86,8 @@ class PlanProblem:
     """In topological order."""
     budget_bytes: int | None = None
     """Cap on bytes held at the forward/backward boundary; None = no cap."""
+    windows: tuple[CommWindow, ...] = ()
+    """Communication windows recomputation may hide in (empty: none)."""
 
     def by_name(self) -> dict[str, Candidate]:
         return {c.name: c for c in self.candidates}
@@ -80,6 +107,8 @@ class PlanSolution:
     solver: str
     solve_seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    windows: dict[str, str] = field(default_factory=dict)
+    """Recomputed candidate -> the window it runs in (absent: on demand)."""
 
     def decision(self, name: str) -> Decision:
         choice = self.choices.get(name)
@@ -141,10 +170,69 @@ def check_solution(problem: PlanProblem, solution: PlanSolution) -> list[str]:
             if not cand.can_recompute:
                 errors.append(f"{cand.name}: recomputed but not recomputable")
             for inp in cand.inputs:
-                if inp in by_name and solution.decision(inp) is Decision.NONE:
+                if inp not in by_name:
+                    continue
+                if solution.decision(inp) is Decision.NONE:
                     errors.append(f"{cand.name}: recomputed but input {inp} is unavailable")
+                elif not _provides_value(by_name[inp], solution.choices[inp]):
+                    errors.append(f"{cand.name}: recomputed from {inp}, whose codec gives no value")
     if problem.budget_bytes is not None and saved_bytes(problem, solution) > problem.budget_bytes:
         errors.append(
             f"saved {saved_bytes(problem, solution)} bytes > budget {problem.budget_bytes}"
         )
+    errors += check_windows(problem, solution)
     return errors
+
+
+# --- communication windows (issue 5, Lynx) ---------------------------------
+
+
+def overlapped_seconds(problem: PlanProblem, solution: PlanSolution) -> float:
+    """Recompute time hidden in communication windows (not on the critical path)."""
+    by_name = problem.by_name()
+    return sum(by_name[name].recompute_seconds for name in solution.windows if name in by_name)
+
+
+def exposed_seconds(problem: PlanProblem, solution: PlanSolution) -> float:
+    """`added_seconds` minus what the windows hide: the MILP's objective."""
+    return added_seconds(problem, solution) - overlapped_seconds(problem, solution)
+
+
+def check_windows(problem: PlanProblem, solution: PlanSolution) -> list[str]:
+    """Violations of the window rules: only recomputed values, only legal
+    windows, capacity respected; a placed value's recomputed inputs are
+    placed too (what runs in a window is then exactly what its capacity
+    counts), in the same or an earlier window."""
+    if not solution.windows:
+        return []
+    errors = []
+    by_name = problem.by_name()
+    windows = {w.name: w for w in problem.windows}
+    load: dict[str, float] = {}
+    for name, window in solution.windows.items():
+        cand = by_name.get(name)
+        if cand is None or window not in windows:
+            errors.append(f"{name}: unknown candidate or window {window}")
+            continue
+        if solution.decision(name) is not Decision.RECOMPUTE:
+            errors.append(f"{name}: placed in window {window} but not recomputed")
+        if window not in cand.windows:
+            errors.append(f"{name}: window {window} is not legal for it")
+        load[window] = load.get(window, 0.0) + cand.recompute_seconds
+        for inp in cand.inputs:
+            other = solution.windows.get(inp)
+            if other in windows and windows[other].opens > windows[window].opens:
+                errors.append(f"{name}: input {inp} is placed in a later window ({other})")
+            elif inp in by_name and other is None and solution.decision(inp) is Decision.RECOMPUTE:
+                errors.append(f"{name}: input {inp} is recomputed on demand, outside any window")
+    for window, seconds in load.items():
+        capacity = windows[window].seconds
+        if seconds > capacity * (1 + 1e-6) + 1e-12:
+            errors.append(f"window {window}: {seconds:.3g} s of recompute > capacity {capacity:.3g} s")
+    return errors
+
+
+def _provides_value(cand: Candidate, choice: Choice) -> bool:
+    if choice.decision is not Decision.COMPRESS:
+        return True
+    return next(o.provides_value for o in cand.compress if o.codec == choice.codec)

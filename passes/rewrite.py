@@ -3,7 +3,8 @@
 Reads: the plan (`PlanSolution`) and the candidate map. Writes: new forward
 and backward GraphModules (the joint graph is not modified).
 
-Kept values become saved outputs of the forward. Recomputed values are
+Kept values become saved outputs of the forward; compressed values too,
+until `compress_rewrite.apply_compression` swaps them for their payloads. Recomputed values are
 simply *not* saved: PyTorch's extractor (behind `adacc_compile.compat`)
 then copies their producers into the backward, and the autograd-order
 reordering places each recomputation right before its first use. Graph
@@ -28,7 +29,7 @@ def saved_values_for(
     kept = {
         candidates.nodes[name]
         for name, choice in solution.choices.items()
-        if choice.decision is Decision.KEEP
+        if choice.decision in (Decision.KEEP, Decision.COMPRESS)
     }
     saved = []
     for node in gm.graph.nodes:

@@ -8,6 +8,7 @@ import torch
 
 from adacc_compile import compat
 from adacc_compile.config import AdaccConfig
+from adacc_compile.models import GPT, MLP, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
 from adacc_compile.partitioner import AdaccPartitioner
 
 
@@ -40,3 +41,18 @@ def assert_same(expected, actual, *, atol: float, rtol: float) -> None:
     assert grads_e.keys() == grads_a.keys()
     for name in grads_e:
         torch.testing.assert_close(grads_a[name], grads_e[name], atol=atol, rtol=rtol, msg=name)
+
+
+def build(name: str):
+    """A tiny model of kind "mlp", "gpt" (with dropout) or "llama" and a batch."""
+    if name == "mlp":
+        model = init_weights(MLP(d_in=16, d_hidden=64, depth=3))
+        gen = torch.Generator().manual_seed(0)
+        return model, (torch.randn(8, 16, generator=gen), torch.randn(8, generator=gen))
+    if name == "gpt":
+        cfg = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab_size=64, dropout=0.1)
+        return init_weights(GPT(cfg)), gpt_batch(cfg, 2, torch.Generator().manual_seed(0))
+    cfg = LlamaConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab_size=64, ffn_dim=64)
+    return init_weights(Llama(cfg)), gpt_batch(cfg, 2, torch.Generator().manual_seed(0))
+
+

@@ -8,22 +8,9 @@ import warnings
 import pytest
 import torch
 
-from adacc_compile.models import GPT, MLP, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
-from adacc_test_utils import assert_same, compile_with_reports, loss_and_grads
+from adacc_test_utils import assert_same, build, compile_with_reports, loss_and_grads
 
 BUDGETS = (1.0, 0.5, 0.2)
-
-
-def build(name: str):
-    if name == "mlp":
-        model = init_weights(MLP(d_in=16, d_hidden=64, depth=3))
-        gen = torch.Generator().manual_seed(0)
-        return model, (torch.randn(8, 16, generator=gen), torch.randn(8, generator=gen))
-    if name == "gpt":
-        cfg = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab_size=64, dropout=0.1)
-        return init_weights(GPT(cfg)), gpt_batch(cfg, 2, torch.Generator().manual_seed(0))
-    cfg = LlamaConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab_size=64, ffn_dim=64)
-    return init_weights(Llama(cfg)), gpt_batch(cfg, 2, torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize("budget", BUDGETS)

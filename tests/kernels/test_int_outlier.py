@@ -135,14 +135,16 @@ def test_round_trip_shape_size_and_specials(name: str, dtype: torch.dtype) -> No
 
 def test_compressed_nbytes_is_exact_and_static() -> None:
     int8, int4 = get_codec("int8_outlier"), get_codec("int4_outlier")
-    # 4 x 1000 bf16: codes, scales (16 / 32 groups), 15 slots of int32, 4 x 15 values.
-    assert int8.compressed_nbytes((4, 1000), torch.bfloat16) == 4000 + 4 * 16 * 2 + 15 * 4 + 4 * 15 * 2
-    assert int4.compressed_nbytes((4, 1000), torch.bfloat16) == 2000 + 4 * 32 * 2 + 15 * 4 + 4 * 15 * 2
-    assert int4.compressed_nbytes((3, 7), torch.float32) == 3 * 4 + 3 * 2 + 4 + 3 * 4  # odd C, one slot
-    assert int8.compressed_nbytes((), torch.float16) == 1 + 2 + 4 + 2
+    # 4 x 1024 bf16: codes, scales (16 / 32 groups), 16 slots of int32, 4 x 16 values.
+    assert int8.compressed_nbytes((4, 1024), torch.bfloat16) == 4096 + 4 * 16 * 2 + 16 * 4 + 4 * 16 * 2
+    assert int4.compressed_nbytes((4, 1024), torch.bfloat16) == 2048 + 4 * 32 * 2 + 16 * 4 + 4 * 16 * 2
+    # Codes are padded to whole groups (1000 -> 1024 channels), 15 slots.
+    assert int8.compressed_nbytes((4, 1000), torch.bfloat16) == 4096 + 4 * 16 * 2 + 15 * 4 + 4 * 15 * 2
+    assert int4.compressed_nbytes((3, 7), torch.float32) == 3 * 16 + 3 * 2 + 4 + 3 * 4  # odd C, one slot
+    assert int8.compressed_nbytes((), torch.float16) == 64 + 2 + 4 + 2
     assert int8.compressed_nbytes((0, 7), torch.float32) == 4  # the slot index only
     assert int4.compressed_nbytes((5, 0), torch.float32) == 0
-    assert int4_outlier_payload_shapes((2, 3, 65)) == [(6, 33), (6, 3), (1,), (6, 1)]
+    assert int4_outlier_payload_shapes((2, 3, 65)) == [(6, 48), (6, 3), (1,), (6, 1)]
 
 
 def int4_outlier_payload_shapes(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -156,8 +158,8 @@ def test_known_int4_codes_and_packing() -> None:
     codes, scale, index, values = int_outlier.torch_int4_outlier_compress(x)
     assert index.tolist() == [4] and values.tolist() == [[3.0]]
     assert scale.float().item() == 0.142578125
-    # nibbles (0, 7), (-7 -> 9, 4), (outlier -> 0, pad 0)
-    assert codes.tolist() == [[0x70, 0x49, 0x00]]
+    # nibbles (0, 7), (-7 -> 9, 4), (outlier -> 0, padding 0), then padding to 32 channels.
+    assert codes.tolist() == [[0x70, 0x49] + [0x00] * 14]
 
 
 def test_outlier_channels_are_exact_and_chosen_deterministically() -> None:
@@ -299,7 +301,7 @@ def test_fake_tensor_shapes_match_spec() -> None:
     with FakeTensorMode():
         x = torch.empty(3, 5, 130, dtype=torch.bfloat16)
         codes, scales, index, values = torch.ops.adacc.int4_outlier_compress.default(x)
-        assert (codes.shape, codes.dtype) == ((15, 65), torch.uint8)
+        assert (codes.shape, codes.dtype) == ((15, 80), torch.uint8)
         assert (scales.shape, scales.dtype) == ((15, 5), torch.bfloat16)
         assert (index.shape, index.dtype) == ((2,), torch.int32)
         assert (values.shape, values.dtype) == ((15, 2), torch.bfloat16)

@@ -1,0 +1,220 @@
+"""Side-by-side training runs of adacc and its baselines.
+
+Shared by the demo (``adacc-demo`` / ``python -m adacc_compile.demo``) and
+``bench/``. Every variant trains its own copy of the same initial weights on
+the same batches; step times are measured interleaved across variants (one
+step of each in turn, repeated) and reported as medians, because the
+machines are shared and noisy. Peak memory is measured separately, one step
+per variant, with `adacc_compile.measure`. Inductor's FX-graph and
+AOTAutograd caches are off so that every variant really plans.
+
+Variants (by name):
+    eager            no compile, no checkpointing
+    inductor         torch.compile, PyTorch's default min-cut partitioner
+    full_ac          torch.compile + torch.utils.checkpoint on every block
+    torch_dp / torch_ilp   torch.compile with PyTorch's activation_memory_budget
+                     at the same ratio (its "dp" / "ilp" knapsack solvers)
+    adacc            backend="adacc" (MILP) at the budget
+    adacc_recompute_all / adacc_keep_all   adacc with those planners
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from adacc_compile import compat
+from adacc_compile.config import AdaccConfig
+from adacc_compile.measure import measure_peak_bytes
+from adacc_compile.partitioner import AdaccPartitioner
+
+Batch = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Variant:
+    name: str
+    kind: str
+    """"eager", "inductor", "full_ac", "torch_budget", "adacc", "adacc_eager"."""
+    budget: float = 1.0
+    solver: str = "dp"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class VariantResult:
+    name: str
+    peak_bytes: int = 0
+    predicted_peak_bytes: int | None = None
+    planned_saved_bytes: int | None = None
+    baseline_saved_bytes: int | None = None
+    estimated_added_seconds: float | None = None
+    planning_seconds: float | None = None
+    compile_seconds: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    reports: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def median_step_seconds(self) -> float:
+        return statistics.median(self.step_seconds) if self.step_seconds else float("nan")
+
+
+def standard_variants(budget: float, *, include_ilp: bool = True, extra_adacc: bool = False) -> list[Variant]:
+    variants = [
+        Variant(name="no checkpointing", kind="inductor"),
+        Variant(name="full AC", kind="full_ac"),
+        Variant(name=f"torch budget dp @{budget:g}", kind="torch_budget", budget=budget, solver="dp"),
+    ]
+    if include_ilp:
+        variants.append(Variant(name=f"torch budget ilp @{budget:g}", kind="torch_budget", budget=budget, solver="ilp"))
+    variants.append(Variant(name=f"adacc @{budget:g}", kind="adacc", options={"memory_budget": budget}))
+    if extra_adacc:
+        variants.append(
+            Variant(name="adacc recompute_all", kind="adacc", options={"memory_budget": budget, "planner": "recompute_all"})
+        )
+    return variants
+
+
+@contextlib.contextmanager
+def _no_caches() -> Iterator[None]:
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        yield
+
+
+@dataclass(slots=True)
+class _Runner:
+    variant: Variant
+    model: torch.nn.Module
+    fn: Callable[..., torch.Tensor]
+    optimizer: torch.optim.Optimizer
+    partitioner: AdaccPartitioner | None
+    result: VariantResult
+
+    def compile_context(self) -> contextlib.AbstractContextManager[Any]:
+        if self.variant.kind == "torch_budget":
+            import torch._functorch.config as functorch_config
+
+            return functorch_config.patch(
+                activation_memory_budget=self.variant.budget,
+                activation_memory_budget_solver=self.variant.solver,
+            )
+        return contextlib.nullcontext()
+
+    def train_step(self, batch: Batch, seed: int = 0) -> float:
+        # Same seed per step in every variant: identical dropout masks (with
+        # Inductor's fallback_random), so lossless variants agree on the loss.
+        torch.manual_seed(seed)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.fn(*batch)
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+
+def _make_runner(variant: Variant, base_model: torch.nn.Module, lr: float) -> _Runner:
+    model = copy.deepcopy(base_model)
+    partitioner = None
+    if variant.kind == "eager":
+        fn: Callable[..., torch.Tensor] = model
+    elif variant.kind in ("inductor", "full_ac", "torch_budget"):
+        if variant.kind == "full_ac":
+            model.checkpoint_blocks = True
+        fn = torch.compile(model, backend="inductor")
+    elif variant.kind in ("adacc", "adacc_eager"):
+        partitioner = AdaccPartitioner(AdaccConfig.from_options(variant.options))
+        if variant.kind == "adacc":
+            backend = lambda gm, ex: compat.inductor_compile(gm, ex, {"custom_partitioner_fn": partitioner})  # noqa: E731
+        else:
+            backend = lambda gm, ex: compat.eager_aot_compile(gm, ex, partitioner)  # noqa: E731
+        fn = torch.compile(model, backend=backend)
+    else:
+        raise ValueError(f"unknown variant kind {variant.kind!r}")
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    return _Runner(variant, model, fn, optimizer, partitioner, VariantResult(name=variant.name))
+
+
+def run_variants(
+    base_model: torch.nn.Module,
+    batches: Sequence[Batch],
+    variants: Sequence[Variant],
+    *,
+    timing_repeats: int = 5,
+    lr: float = 1e-2,
+    device: str = "cpu",
+) -> list[VariantResult]:
+    """Trains every variant on ``batches`` (one step each, first step
+    compiles), then measures peak memory and interleaved step times."""
+    with _no_caches():
+        runners = [_make_runner(v, base_model, lr) for v in variants]
+        for runner in runners:
+            torch._dynamo.reset()
+            start = time.perf_counter()
+            with runner.compile_context():
+                runner.result.losses.append(runner.train_step(batches[0], seed=0))
+            runner.result.compile_seconds = time.perf_counter() - start
+            _collect_plan(runner)
+        for step, batch in enumerate(batches[1:], start=1):
+            for runner in runners:
+                runner.result.losses.append(runner.train_step(batch, seed=step))
+        for runner in runners:
+            runner.optimizer.zero_grad(set_to_none=True)
+            batch = batches[0]
+            runner.result.peak_bytes = measure_peak_bytes(lambda: runner.fn(*batch).backward(), device)
+        for _ in range(timing_repeats):
+            for runner in runners:
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                runner.train_step(batches[0])
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                runner.result.step_seconds.append(time.perf_counter() - start)
+    return [r.result for r in runners]
+
+
+def _collect_plan(runner: _Runner) -> None:
+    if runner.partitioner is None or not runner.partitioner.reports:
+        return
+    summaries = [r["summary"] for r in runner.partitioner.reports]
+    result = runner.result
+    result.reports = list(runner.partitioner.reports)
+    result.predicted_peak_bytes = sum(s["predicted_peak_bytes"] for s in summaries)
+    result.planned_saved_bytes = sum(s["planned_saved_bytes"] for s in summaries)
+    result.baseline_saved_bytes = sum(s["baseline_saved_bytes"] for s in summaries)
+    result.estimated_added_seconds = sum(s["estimated_added_seconds"] for s in summaries)
+    result.planning_seconds = sum(sum(s["stage_seconds"].values()) for s in summaries)
+
+
+def results_table(results: Sequence[VariantResult], reference: str | None = None) -> str:
+    """Markdown table; ratios are against ``reference`` (default: first row)."""
+    ref = next((r for r in results if r.name == reference), results[0])
+    lines = [
+        "| variant | peak MiB (measured) | peak vs ref | predicted MiB | saved MiB | step ms (median) | step vs ref | compile s | plan s | final loss |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            "| {name} | {peak:.2f} | {peak_ratio:.2f} | {pred} | {saved} | {step:.1f} | {step_ratio:.2f} | {comp:.1f} | {plan} | {loss:.4f} |".format(
+                name=r.name,
+                peak=r.peak_bytes / 2**20,
+                peak_ratio=r.peak_bytes / max(ref.peak_bytes, 1),
+                pred=f"{r.predicted_peak_bytes / 2**20:.2f}" if r.predicted_peak_bytes is not None else "",
+                saved=f"{r.planned_saved_bytes / 2**20:.2f}" if r.planned_saved_bytes is not None else "",
+                step=1e3 * r.median_step_seconds,
+                step_ratio=r.median_step_seconds / ref.median_step_seconds,
+                comp=r.compile_seconds,
+                plan=f"{r.planning_seconds:.2f}" if r.planning_seconds is not None else "",
+                loss=r.losses[-1] if r.losses else float("nan"),
+            )
+        )
+    return "\n".join(lines)

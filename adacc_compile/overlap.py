@@ -1,0 +1,212 @@
+"""Pipeline stages for recomputation inside communication windows (Lynx, issue 5).
+
+    windows   find the backward's (issue, wait) windows, estimate their
+              capacity, tell the planner which recomputations fit where;
+              with torch.distributed, take the lowest rank's plan problem
+              (measured costs differ between ranks)
+    schedule  move the planned recomputations into their windows and pin the
+              order; re-simulate memory, un-placing recomputations (largest
+              first) if moving them up would break the budget
+    agree     plan hash; with torch.distributed initialised, compare it with
+              the peer ranks' hashes (clear error on mismatch, never a hang)
+
+Each is ``stage(state) -> None`` over `PartitionState`, like the others in
+`adacc_compile.pipeline`; what they produce lives in one `OverlapState`
+under ``state.overlap``. Graphs without backward collectives pass through
+untouched (their plan hash is still computed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from adacc_compile import compat
+from adacc_compile.passes.comm_model import LinkProfile, calibrate_link, default_link, link_by_name
+from adacc_compile.passes.memory_sim import simulate_step
+from adacc_compile.passes.plan_problem import added_seconds
+from adacc_compile.passes.schedule import recomputes_in_windows, schedule_recompute
+from adacc_compile.passes.windows import (
+    CollectiveWindow,
+    attach_windows,
+    fill_windows,
+    find_windows,
+    first_backward_use,
+    issue_kind,
+)
+from adacc_compile.plan_agreement import (
+    PlanMismatchError,
+    check_agreement,
+    collective_groups,
+    plan_fingerprint,
+    share_problem,
+)
+
+if TYPE_CHECKING:
+    from adacc_compile.pipeline import PartitionState
+
+_MAX_UNPLACE_ROUNDS = 16
+
+
+@dataclass(slots=True, kw_only=True)
+class OverlapState:
+    """What the window stages found and decided for one joint graph."""
+
+    groups: tuple[str, ...] = ()
+    """Process groups used by the graph's collectives."""
+    link: LinkProfile | None = None
+    windows: tuple[CollectiveWindow, ...] = ()
+    planned: dict[str, str] = field(default_factory=dict)
+    """Planner's placement: recomputed value -> window."""
+    placed: dict[str, str] = field(default_factory=dict)
+    """Placement in the final backward graph."""
+    unplaced_for_memory: tuple[str, ...] = ()
+    skipped: dict[str, str] = field(default_factory=dict)
+    inside: dict[str, list[str]] = field(default_factory=dict)
+    """Window -> recomputed nodes between its issue and its wait (final graph)."""
+    overlapped_seconds: float = 0.0
+    pins: int = 0
+    plan_hash: str = ""
+    plan_canonical: str = ""
+    checked_ranks: tuple[int, ...] = ()
+
+
+def windows_stage(state: "PartitionState") -> None:
+    assert state.info is not None and state.candidates is not None
+    overlap = state.overlap = OverlapState(groups=tuple(collective_groups(state.joint)))
+    problem = state.candidates.problem
+    order = [n for n in state.joint.graph.nodes if n in state.info.backward_nodes]
+    if any(issue_kind(n) is not None for n in order):
+        overlap.link = resolve_link(state.config.comm_profile, overlap.groups)
+        overlap.windows = find_windows(order, overlap.link, group_size=compat.group_size)
+        first_use = first_backward_use(order, [c.name for c in problem.candidates])
+        problem = attach_windows(problem, overlap.windows, first_use)
+    if overlap.groups and compat.dist_ready():
+        # Measured costs differ between ranks: all plan the lowest rank's problem.
+        problem = share_problem(problem, overlap.groups, state.config.plan_check_timeout_s)
+    state.candidates = dataclasses.replace(state.candidates, problem=problem)
+
+
+def schedule_stage(state: "PartitionState") -> None:
+    assert state.candidates is not None and state.solution is not None
+    assert state.fw_module is not None and state.bw_module is not None
+    assert state.budget is not None and state.timeline is not None
+    overlap = state.overlap = state.overlap or OverlapState()
+    problem, solution = state.candidates.problem, state.solution
+    if not problem.windows:
+        return
+    if solution.windows or solution.solver == "milp":
+        overlap.planned = dict(solution.windows)
+    else:
+        overlap.planned = fill_windows(problem, solution)
+    if not overlap.planned or not state.config.overlap_recompute:
+        return
+    keep_bytes = {c.name: c.keep_bytes for c in problem.candidates}
+    # Moving recomputation up lengthens lifetimes: never past the budget (or
+    # the on-demand peak, where that already exceeds it).
+    limit = max(state.budget.budget_bytes, state.timeline.activation_peak_bytes)
+    placement, unplaced = dict(overlap.planned), []
+    for _round in range(_MAX_UNPLACE_ROUNDS + 1):
+        result = schedule_recompute(state.bw_module, placement)
+        timeline = simulate_step(
+            state.fw_module, result.module, num_fwd_outputs=state.num_fwd_outputs,
+            forward_names=state.forward_names,
+        )
+        if timeline.activation_peak_bytes <= limit or not placement:
+            break
+        victim = max(placement, key=lambda n: (keep_bytes.get(n, 0), n))
+        unplaced.append(victim)
+        del placement[victim]
+        if _round == _MAX_UNPLACE_ROUNDS - 1:
+            unplaced.extend(sorted(placement))
+            placement = {}
+    result.module.graph.lint()
+    state.bw_module, state.timeline = result.module, timeline
+    overlap.placed, overlap.skipped, overlap.pins = result.placed, result.skipped, result.pins
+    overlap.unplaced_for_memory = tuple(unplaced)
+    overlap.inside = recomputes_in_windows(result.module, state.forward_names)
+    overlap.overlapped_seconds = _hidden_seconds(state, overlap)
+
+
+def agree_stage(state: "PartitionState") -> None:
+    assert state.candidates is not None and state.solution is not None
+    assert state.fw_module is not None and state.bw_module is not None
+    overlap = state.overlap = state.overlap or OverlapState(groups=tuple(collective_groups(state.joint)))
+    overlap.plan_canonical, overlap.plan_hash = plan_fingerprint(
+        state.candidates.problem, state.solution, overlap.placed, [state.fw_module, state.bw_module]
+    )
+    if overlap.groups and compat.dist_ready():
+        try:
+            overlap.checked_ranks = check_agreement(
+                overlap.plan_hash, overlap.groups, state.config.plan_check_timeout_s
+            )
+        except PlanMismatchError as error:
+            if state.config.dump_dir:  # what this rank planned, to diff across ranks
+                import torch.distributed as dist
+
+                path = os.path.join(state.config.dump_dir, f"plan_mismatch_rank{dist.get_rank()}.json")
+                os.makedirs(state.config.dump_dir, exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(overlap.plan_canonical)
+                raise PlanMismatchError(f"{error} (this rank's plan: {path})") from error
+            raise
+
+
+def resolve_link(name: str, groups: tuple[str, ...]) -> LinkProfile:
+    key = name.lower()
+    if key == "auto":
+        return default_link(compat.group_backend(groups[0]) if groups else None)
+    if key == "calibrate":
+        group = compat.resolve_group(groups[0]) if groups else None
+        return calibrate_link(group) if group is not None else default_link(None)
+    return link_by_name(key)
+
+
+def summary(state: "PartitionState") -> dict[str, Any]:
+    """The ``summary.json`` keys of issue 5."""
+    overlap = state.overlap or OverlapState()
+    problem, solution = state.candidates.problem, state.solution  # type: ignore[union-attr]
+    added = added_seconds(problem, solution)  # type: ignore[arg-type]
+    return {
+        "overlap_recompute": state.config.overlap_recompute,
+        "comm_profile": overlap.link.name if overlap.link else "",
+        "comm_windows": len(overlap.windows),
+        "comm_window_seconds": sum(w.seconds for w in overlap.windows),
+        "recomputes_in_windows": len(overlap.placed),
+        "recompute_nodes_in_windows": sum(len(v) for v in overlap.inside.values()),
+        "overlapped_recompute_seconds": overlap.overlapped_seconds,
+        "exposed_added_seconds": added - overlap.overlapped_seconds,
+        "recomputes_unplaced_for_memory": len(overlap.unplaced_for_memory),
+        "schedule_pins": overlap.pins,
+        "plan_hash": overlap.plan_hash,
+        "plan_hash_checked_ranks": list(overlap.checked_ranks),
+    }
+
+
+def dump(state: "PartitionState") -> dict[str, Any]:
+    """``windows.json``: every window and where each recomputation runs."""
+    overlap = state.overlap or OverlapState()
+    return {
+        "link": overlap.link.to_json() if overlap.link else None,
+        "windows": [w.to_json() for w in overlap.windows],
+        "planned": overlap.planned,
+        "placed": overlap.placed,
+        "skipped": overlap.skipped,
+        "unplaced_for_memory": list(overlap.unplaced_for_memory),
+        "inside": overlap.inside,
+        "plan_hash": overlap.plan_hash,
+        "plan_canonical": overlap.plan_canonical,
+    }
+
+
+def _hidden_seconds(state: "PartitionState", overlap: OverlapState) -> float:
+    """Per window, the recompute time now inside it, capped by its capacity."""
+    seconds = {c.name: c.recompute_seconds for c in state.candidates.problem.candidates}  # type: ignore[union-attr]
+    capacity = {w.name: w.seconds for w in overlap.windows}
+    total = 0.0
+    for window, names in overlap.inside.items():
+        inside = sum(seconds.get(n, 0.0) for n in names)
+        total += min(inside, capacity.get(window, 0.0))
+    return total

@@ -1,0 +1,143 @@
+"""Which codecs the planner may offer for a value, and what they cost.
+
+Reads: ``node.meta["adacc"]`` (annotate pass) of the value and its backward
+readers. Used by the candidates pass through `make_compress_options`.
+
+Accuracy modes (option ``accuracy``) cap the declared relative error of a
+codec; the layer-specific choice then falls out of each codec's ``applies``
+check (what it was built for) and the cap:
+
+============  =================================  ===========================
+mode          codecs allowed (declared error)     typical use
+============  =================================  ===========================
+lossless      bitmask (0)                        dropout / ReLU masks
+balanced      + int8_outlier (0.015),            linear-layer inputs (norm,
+              fp8_e4m3 (0.03)                    attention and MLP outputs)
+aggressive    + fp8_e5m2 (0.06), int4_outlier    linear inputs at 4 bits,
+              (0.16), softmax_u8 (0.12),         attention probabilities,
+              fewbit_gelu/silu (0.12/0.10)       GELU/SiLU inputs
+============  =================================  ===========================
+
+The bounds are the codecs' own declarations, measured on Gaussian, LLM-like
+outlier-channel and real-activation-like inputs (see bench/RESULTS.md).
+
+Cost: compress + decompress seconds. With a calibrated (measured) device
+profile the codec itself is timed on the current device once per process
+(the CPU path is the torch reference, much slower than a copy, so compression
+is rarely worth it on CPU; on GPU the Triton kernels run near bandwidth).
+With a built-in GPU profile the cost is bytes moved over bandwidth.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from adacc_compile.kernels import ApplyQuery, Codec, DecompressKind, available_codecs, get_codec
+
+from .annotate import annotation
+from .device_profile import BUILTIN_PROFILES, DeviceProfile
+from .plan_problem import CompressOption
+
+ACCURACY_ERROR_CAP = {"lossless": 0.0, "balanced": 0.05, "aggressive": 0.2}
+
+
+def allowed_codecs(accuracy: str, names: tuple[str, ...] | None) -> list[Codec]:
+    """Codecs permitted by the accuracy mode (and the explicit list, if any)."""
+    cap = ACCURACY_ERROR_CAP[accuracy]
+    pool = available_codecs() if names is None else list(names)
+    out = []
+    for name in pool:
+        codec = get_codec(name)
+        if codec.lossless or codec.error_bound <= cap:
+            out.append(codec)
+    return out
+
+
+def make_compress_options(
+    codecs: list[Codec], profile: DeviceProfile, backward_nodes: frozenset[fx.Node]
+) -> Callable[[fx.Node], tuple[CompressOption, ...]]:
+    """A callback for `find_candidates`: the legal codec options of a node."""
+
+    def options(node: fx.Node) -> tuple[CompressOption, ...]:
+        val = node.meta.get("val")
+        if not codecs or not isinstance(val, torch.Tensor) or not _static(val):
+            return ()
+        readers = [u for u in node.users if u in backward_nodes]
+        query = ApplyQuery(
+            shape=tuple(int(s) for s in val.shape),
+            dtype=val.dtype,
+            producer_class=annotation(node).op_class.value,
+            consumer_classes=tuple(annotation(u).op_class.value for u in readers),
+            consumer_targets=tuple(str(u.target) for u in readers),
+        )
+        out = []
+        for codec in codecs:
+            try:
+                if not codec.applies(query):
+                    continue
+            except (TypeError, ValueError):
+                continue
+            nbytes = codec.compressed_nbytes(query.shape, query.dtype)
+            if nbytes >= annotation(node).storage_bytes:
+                continue
+            out.append(
+                CompressOption(
+                    codec=codec.name,
+                    nbytes=nbytes,
+                    seconds=codec_seconds(codec, query.shape, query.dtype, profile),
+                    error=codec.error_bound,
+                    provides_value=codec.decompress_kind is DecompressKind.VALUE,
+                )
+            )
+        return tuple(out)
+
+    return options
+
+
+def _static(val: torch.Tensor) -> bool:
+    return all(isinstance(s, int) for s in val.shape)
+
+
+def codec_seconds(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, profile: DeviceProfile) -> float:
+    """Compress + decompress time of ``codec`` on ``shape``/``dtype``."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    if profile in BUILTIN_PROFILES.values() or not profile.name.startswith("calibrated"):
+        return codec.cost_seconds(shape, dtype, profile.memory_bytes_per_s) + 2 * profile.launch_overhead_s
+    device = profile.name.removeprefix("calibrated ").strip() or "cpu"
+    seconds_per_element = _measured_seconds_per_element(codec.name, dtype, device)
+    return numel * seconds_per_element + 2 * profile.launch_overhead_s
+
+
+@functools.lru_cache(maxsize=None)
+def _measured_seconds_per_element(name: str, dtype: torch.dtype, device: str) -> float:
+    """Times compress + decompress of ``name`` on a sample tensor (cached)."""
+    codec = get_codec(name)
+    rows, cols = 256, 1024
+    gen = torch.Generator().manual_seed(0)
+    if dtype == torch.bool:
+        sample = torch.rand(rows, cols, generator=gen) > 0.5
+    else:
+        sample = torch.rand(rows, cols, generator=gen).to(dtype)  # valid for every codec (softmax too)
+    sample = sample.to(device)
+    try:
+        packed = codec.compress(sample)
+        codec.decompress(packed)
+    except (TypeError, ValueError, RuntimeError):
+        return float("inf")
+    times = []
+    for _ in range(3):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        codec.decompress(codec.compress(sample))
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[1] / sample.numel()

@@ -1,0 +1,133 @@
+"""Compress rewrite: insert each chosen codec into the fw/bw graphs.
+
+Reads: the plan (COMPRESS decisions with their codec) and the forward and
+backward graphs the split produced with every compressed value *saved*.
+Writes: new forward and backward graphs (the inputs are copied, not mutated).
+
+For a compressed value ``v`` (codec ``c``):
+
+* forward: ``packed = adacc.c_compress(v)`` right after ``v`` and its
+  payload tensors replace ``v`` among the saved outputs, so the
+  full-precision ``v`` is freed after its last forward use;
+* backward: the saved input ``v`` becomes the payload inputs, and
+  ``v_hat = adacc.c_decompress(payload, shape, dtype)`` is placed right
+  before the first backward node that reads ``v``; every reader (including
+  recomputations that start from ``v``) reads ``v_hat`` instead;
+* few-bit activation codecs decompress to the activation's derivative, so
+  each ``gelu_backward(grad, v)`` / ``silu_backward(grad, v)`` becomes
+  ``grad * v_hat``.
+
+Saved payloads keep their positions among the saved tensors in both graphs,
+which is all AOTAutograd's runtime relies on.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+
+import torch
+import torch.fx as fx
+
+from adacc_compile.kernels import DecompressKind, get_codec
+
+from .plan_problem import Decision, PlanSolution
+
+_ACTIVATION_BACKWARD = ("gelu_backward", "silu_backward")
+
+
+def apply_compression(
+    fw_module: fx.GraphModule,
+    bw_module: fx.GraphModule,
+    solution: PlanSolution,
+    *,
+    num_fwd_outputs: int,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    compressed = {n: c.codec for n, c in solution.choices.items() if c.decision is Decision.COMPRESS}
+    if not compressed:
+        return fw_module, bw_module
+    fw = fx.GraphModule(fw_module, copy.deepcopy(fw_module.graph))
+    bw = fx.GraphModule(bw_module, copy.deepcopy(bw_module.graph))
+    fw_nodes = {n.name: n for n in fw.graph.nodes}
+    bw_inputs = {n.name: n for n in bw.graph.nodes if n.op == "placeholder"}
+    output = next(n for n in fw.graph.nodes if n.op == "output")
+    outputs = list(output.args[0])
+    for name, codec_name in compressed.items():
+        if name not in fw_nodes or name not in bw_inputs:
+            continue  # not saved after all (e.g. dead in the backward)
+        codec = get_codec(codec_name)
+        value = fw_nodes[name]
+        payload = _insert_compress(fw.graph, value, codec)
+        index = next(i for i, o in enumerate(outputs) if i >= num_fwd_outputs and o is value)
+        outputs[index : index + 1] = payload
+        _insert_decompress(bw.graph, bw_inputs[name], payload, codec)
+    output.args = (tuple(outputs),)
+    for gm in (fw, bw):
+        gm.graph.lint()
+        gm.recompile()
+    return fw, bw
+
+
+def _insert_compress(graph: fx.Graph, value: fx.Node, codec) -> list[fx.Node]:
+    fake = value.meta["val"]
+    with graph.inserting_after(value):
+        packed = graph.create_node(
+            "call_function", codec.compress_op, (value,), name=f"{value.name}_{codec.name}_packed"
+        )
+    packed.meta["val"] = codec.compress_op(fake)
+    payload = []
+    anchor = packed
+    for j, item in enumerate(packed.meta["val"]):
+        with graph.inserting_after(anchor):
+            node = graph.create_node(
+                "call_function", operator.getitem, (packed, j), name=f"{value.name}_payload_{j}"
+            )
+        node.meta["val"] = item
+        payload.append(node)
+        anchor = node
+    return payload
+
+
+def _insert_decompress(graph: fx.Graph, saved: fx.Node, payload: list[fx.Node], codec) -> None:
+    fake = saved.meta["val"]
+    inputs = []
+    for node in payload:
+        with graph.inserting_before(saved):
+            placeholder = graph.placeholder(node.name)
+        placeholder.meta["val"] = node.meta["val"]
+        inputs.append(placeholder)
+    readers = list(saved.users)
+    first_reader = min(readers, key=_position(graph)) if readers else None
+    shape = [int(s) for s in fake.shape]
+    with graph.inserting_before(first_reader) if first_reader is not None else graph.inserting_after(inputs[-1]):
+        restored = graph.create_node(
+            "call_function",
+            codec.decompress_op,
+            (inputs, shape, fake.dtype),
+            name=f"{saved.name}_{codec.name}_restored",
+        )
+    restored.meta["val"] = codec.decompress_op([p.meta["val"] for p in inputs], shape, fake.dtype)
+    if codec.decompress_kind is DecompressKind.DERIVATIVE:
+        for reader in readers:
+            _replace_activation_backward(graph, reader, restored)
+    else:
+        saved.replace_all_uses_with(restored)
+    graph.erase_node(saved)
+
+
+def _replace_activation_backward(graph: fx.Graph, node: fx.Node, derivative: fx.Node) -> None:
+    short = str(node.target).split(".")[-2] if "." in str(node.target) else str(node.target)
+    if short not in _ACTIVATION_BACKWARD:
+        raise ValueError(
+            f"few-bit codec output read by {node.target}; only {_ACTIVATION_BACKWARD} may read it"
+        )
+    with graph.inserting_before(node):
+        product = graph.call_function(torch.ops.aten.mul.Tensor, (node.args[0], derivative))
+    product.meta["val"] = node.meta.get("val")
+    node.replace_all_uses_with(product)
+    graph.erase_node(node)
+
+
+def _position(graph: fx.Graph):
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    return order.__getitem__

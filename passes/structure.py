@@ -1,0 +1,192 @@
+"""Structure: find identical repeated blocks and plan one for all (Lynx HEU).
+
+Reads: the `PlanProblem` (candidates carry their block id, e.g. "blocks.3")
+and the candidate nodes (for op names). Writes nothing on the graph.
+
+Blocks are grouped by a Weisfeiler–Lehman hash (networkx) of their candidate
+subgraph, labelled by op, shape, dtype and legal options, then confirmed by
+exact comparison of the labelled, position-indexed subgraphs. For each class
+of identical blocks the *reduced* problem has one candidate per position,
+whose bytes and seconds are the sums over the class's blocks, so the budget
+constraint and the objective stay exact for every plan that treats identical
+blocks identically. Dependencies of all members are mapped onto the
+representatives (conservative where members differ, e.g. the first block
+reads the embedding while the others read the previous block). A value that
+depends on the same position of the previous block (the residual stream)
+would depend on itself in the reduced problem; it is not offered recompute
+there (conservative, and such values are cheap to keep relative to the chain
+of recomputations they would otherwise need).
+
+The reduced problem is solved by the unchanged MILP; `expand` copies each
+representative's decision to its members.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from dataclasses import dataclass
+
+import networkx as nx
+import torch.fx as fx
+
+from .annotate import annotation
+from .plan_problem import Candidate, PlanProblem, PlanSolution
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockReduction:
+    problem: PlanProblem
+    """The problem to solve (reduced, or the original when nothing repeats)."""
+    members: dict[str, tuple[str, ...]]
+    """Representative candidate -> every candidate it stands for (itself too)."""
+    classes: tuple[tuple[str, ...], ...]
+    """Block ids grouped by identical structure (classes of two or more)."""
+    full_candidates: int
+
+    @property
+    def used(self) -> bool:
+        return bool(self.classes)
+
+    def expand(self, solution: PlanSolution) -> PlanSolution:
+        if not self.used:
+            return solution
+        choices = {}
+        for rep, choice in solution.choices.items():
+            for member in self.members.get(rep, (rep,)):
+                choices[member] = choice
+        return dataclasses.replace(solution, choices=choices)
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "used": self.used,
+            "classes": len(self.classes),
+            "blocks": sum(len(c) for c in self.classes),
+            "candidates_full": self.full_candidates,
+            "candidates_solved": len(self.problem.candidates),
+        }
+
+
+def no_reduction(problem: PlanProblem) -> BlockReduction:
+    return BlockReduction(
+        problem=problem,
+        members={c.name: (c.name,) for c in problem.candidates},
+        classes=(),
+        full_candidates=len(problem.candidates),
+    )
+
+
+def reduce_identical_blocks(problem: PlanProblem, nodes: dict[str, fx.Node]) -> BlockReduction:
+    """Groups identical blocks and builds the reduced problem."""
+    blocks: dict[str, list[Candidate]] = defaultdict(list)
+    for cand in problem.candidates:
+        if cand.block:
+            blocks[cand.block].append(cand)
+    by_hash: dict[tuple[str, str], list[str]] = defaultdict(list)
+    signatures = {}
+    for block, cands in blocks.items():
+        signature = _signature(cands, nodes)
+        signatures[block] = signature
+        by_hash[(_family(block), _wl_hash(signature))].append(block)
+    classes = []
+    for group in by_hash.values():
+        # Confirm the hash with an exact comparison; split on mismatch.
+        while group:
+            first, rest = group[0], group[1:]
+            same = [first] + [b for b in rest if signatures[b] == signatures[first]]
+            group = [b for b in rest if b not in same]
+            if len(same) > 1:
+                classes.append(tuple(same))
+    if not classes:
+        return no_reduction(problem)
+    rep_of: dict[str, str] = {}
+    members: dict[str, list[str]] = defaultdict(list)
+    for block_class in classes:
+        reps = blocks[block_class[0]]
+        for block in block_class:
+            for rep, member in zip(reps, blocks[block]):
+                rep_of[member.name] = rep.name
+                members[rep.name].append(member.name)
+    by_name = problem.by_name()
+    reduced = []
+    for cand in problem.candidates:
+        if cand.name in rep_of and rep_of[cand.name] != cand.name:
+            continue  # folded into its representative
+        if cand.name not in members:
+            reduced.append(_remap(cand, [cand], rep_of))
+        else:
+            reduced.append(_remap(cand, [by_name[m] for m in members[cand.name]], rep_of))
+    return BlockReduction(
+        problem=dataclasses.replace(problem, candidates=tuple(reduced)),
+        members={rep: tuple(ms) for rep, ms in members.items()},
+        classes=tuple(classes),
+        full_candidates=len(problem.candidates),
+    )
+
+
+def _remap(rep: Candidate, group: list[Candidate], rep_of: dict[str, str]) -> Candidate:
+    inputs = []
+    for member in group:
+        for inp in member.inputs:
+            mapped = rep_of.get(inp, inp)
+            if mapped not in inputs:
+                inputs.append(mapped)
+    self_dependent = rep.name in inputs
+    inputs = [i for i in inputs if i != rep.name]
+    compress = tuple(
+        dataclasses.replace(
+            option,
+            nbytes=sum(next(o.nbytes for o in m.compress if o.codec == option.codec) for m in group),
+            seconds=sum(next(o.seconds for o in m.compress if o.codec == option.codec) for m in group),
+        )
+        for option in rep.compress
+    )
+    return dataclasses.replace(
+        rep,
+        keep_bytes=sum(m.keep_bytes for m in group),
+        recompute_seconds=sum(m.recompute_seconds for m in group),
+        inputs=tuple(inputs),
+        required=any(m.required for m in group),
+        can_recompute=rep.can_recompute and not (self_dependent and len(group) > 1),
+        compress=compress,
+    )
+
+
+def _family(block: str) -> str:
+    """"blocks.3" -> "blocks": only blocks of one container are compared."""
+    return block.rsplit(".", 1)[0]
+
+
+def _signature(cands: list[Candidate], nodes: dict[str, fx.Node]) -> tuple:
+    index = {c.name: i for i, c in enumerate(cands)}
+    labels = []
+    edges = []
+    for i, cand in enumerate(cands):
+        node = nodes[cand.name]
+        val = node.meta.get("val")
+        shape = tuple(getattr(val, "shape", ()) or ())
+        labels.append(
+            (
+                annotation(node).op,
+                str(shape),
+                str(getattr(val, "dtype", "")),
+                cand.keep_bytes,
+                cand.required,
+                cand.can_keep,
+                cand.can_recompute,
+                tuple((o.codec, o.nbytes) for o in cand.compress),
+            )
+        )
+        for inp in cand.inputs:
+            edges.append((index[inp], i) if inp in index else (-1, i))
+    return (tuple(labels), tuple(sorted(edges)))
+
+
+def _wl_hash(signature: tuple) -> str:
+    labels, edges = signature
+    graph = nx.DiGraph()
+    graph.add_node(-1, label="external")
+    for i, label in enumerate(labels):
+        graph.add_node(i, label=repr(label))
+    graph.add_edges_from(edges)
+    return nx.weisfeiler_lehman_graph_hash(graph, node_attr="label", iterations=3)
