@@ -144,6 +144,10 @@ class AdaccConfig:
     solver_threads: int = 1
     """HiGHS threads; 1 keeps the plan deterministic across ranks."""
 
+    allow_recompute: bool = True
+    """False: the planner may only keep or compress (free view recomputation
+    aside) — the "compression alone" baseline."""
+
     block_reuse: bool = True
     """Solve one instance of each set of identical blocks and replicate it
     (Lynx HEU); False forces the full MILP (for comparison)."""
@@ -184,7 +188,7 @@ class AdaccConfig:
         for name in ("planner", "on_infeasible", "accuracy", "device_profile", "comm_profile"):
             if name in options:
                 kwargs[name] = str(options[name])
-        for name in ("overlap_recompute", "block_reuse"):
+        for name in ("overlap_recompute", "block_reuse", "allow_recompute"):
             if name in options:
                 kwargs[name] = _bool(name, options[name])
         for name in ("solver_time_limit_s", "mip_rel_gap", "plan_check_timeout_s"):

@@ -47,7 +47,7 @@ from adacc_compile.plan_agreement import (
 if TYPE_CHECKING:
     from adacc_compile.pipeline import PartitionState
 
-_MAX_UNPLACE_ROUNDS = 16
+_MAX_UNPLACE_ROUNDS = 8
 
 
 @dataclass(slots=True, kw_only=True)
@@ -103,12 +103,17 @@ def schedule_stage(state: "PartitionState") -> None:
         overlap.planned = fill_windows(problem, solution)
     if not overlap.planned or not state.config.overlap_recompute:
         return
-    keep_bytes = {c.name: c.keep_bytes for c in problem.candidates}
+    readers: dict[str, set[str]] = {}
+    for cand in problem.candidates:
+        for inp in cand.inputs:
+            readers.setdefault(inp, set()).add(cand.name)
     # Moving recomputation up lengthens lifetimes: never past the budget (or
-    # the on-demand peak, where that already exceeds it).
+    # the on-demand peak, where that already exceeds it). Over the limit, the
+    # placed values alive across the peak (and what is computed from them)
+    # go back to on demand, and the schedule is redone.
     limit = max(state.budget.budget_bytes, state.timeline.activation_peak_bytes)
     placement, unplaced = dict(overlap.planned), []
-    for _round in range(_MAX_UNPLACE_ROUNDS + 1):
+    for round_ in range(_MAX_UNPLACE_ROUNDS + 1):
         result = schedule_recompute(state.bw_module, placement)
         timeline = simulate_step(
             state.fw_module, result.module, num_fwd_outputs=state.num_fwd_outputs,
@@ -116,12 +121,12 @@ def schedule_stage(state: "PartitionState") -> None:
         )
         if timeline.activation_peak_bytes <= limit or not placement:
             break
-        victim = max(placement, key=lambda n: (keep_bytes.get(n, 0), n))
-        unplaced.append(victim)
-        del placement[victim]
-        if _round == _MAX_UNPLACE_ROUNDS - 1:
-            unplaced.extend(sorted(placement))
-            placement = {}
+        victims = _alive_across_peak(result.module, timeline, result.placed)
+        if not victims or round_ == _MAX_UNPLACE_ROUNDS - 1:
+            victims = set(placement)
+        victims = _with_readers(victims, readers) & set(placement)
+        unplaced.extend(sorted(victims))
+        placement = {k: v for k, v in placement.items() if k not in victims}
     result.module.graph.lint()
     state.bw_module, state.timeline = result.module, timeline
     overlap.placed, overlap.skipped, overlap.pins = result.placed, result.skipped, result.pins
@@ -199,6 +204,36 @@ def dump(state: "PartitionState") -> dict[str, Any]:
         "plan_hash": overlap.plan_hash,
         "plan_canonical": overlap.plan_canonical,
     }
+
+
+def _alive_across_peak(module: Any, timeline: Any, placed: dict[str, str]) -> set[str]:
+    """Placed values computed before the backward's activation peak and read
+    after it."""
+    events = [e for e in timeline.events if e.phase == "backward"]
+    if not events:
+        return set()
+    peak = max(events, key=lambda e: e.activation_bytes)
+    position = {n.name: i for i, n in enumerate(module.graph.nodes)}
+    at = position.get(peak.node, len(position))
+    nodes = {n.name: n for n in module.graph.nodes}
+    return {
+        name
+        for name in placed
+        if name in nodes
+        and position[name] <= at
+        and any(position[u.name] > at for u in nodes[name].users)
+    }
+
+
+def _with_readers(names: set[str], readers: dict[str, set[str]]) -> set[str]:
+    """``names`` and every candidate computed from them, transitively."""
+    out, stack = set(), list(names)
+    while stack:
+        name = stack.pop()
+        if name not in out:
+            out.add(name)
+            stack.extend(readers.get(name, ()))
+    return out
 
 
 def _hidden_seconds(state: "PartitionState", overlap: OverlapState) -> float:

@@ -111,7 +111,9 @@ def candidates_stage(state: PartitionState) -> None:
     assert state.info is not None and state.profile is not None
     codecs = allowed_codecs(state.config.accuracy, state.config.codecs)
     options = make_compress_options(codecs, state.profile, state.info.backward_nodes)
-    state.candidates = find_candidates(state.joint, state.info, options)
+    state.candidates = find_candidates(
+        state.joint, state.info, options, allow_recompute=state.config.allow_recompute
+    )
 
 
 def structure_stage(state: PartitionState) -> None:

@@ -46,8 +46,13 @@ def find_candidates(
     gm: fx.GraphModule,
     info: JointGraphInfo,
     compress_options: CompressOptionsFn | None = None,
+    *,
+    allow_recompute: bool = True,
 ) -> CandidateSet:
-    """Builds the plan problem (no budget yet) from an annotated joint graph."""
+    """Builds the plan problem (no budget yet) from an annotated joint graph.
+
+    With ``allow_recompute=False`` only free recomputations (views) remain
+    legal: the "compression alone" baseline."""
     forward = info.forward_nodes
     required = _read_by_backward(gm, info)
     needed = _upstream_forward_values(required, forward)
@@ -65,7 +70,7 @@ def find_candidates(
                 inputs=inputs,
                 required=node in required,
                 can_keep=isinstance(val, torch.Tensor) and not _view_of_keepable(node, needed),
-                can_recompute=_recomputable(node),
+                can_recompute=_recomputable(node) and (allow_recompute or ann.runtime_s == 0.0),
                 compress=compress_options(node) if compress_options else (),
                 block=ann.layer,
             )
