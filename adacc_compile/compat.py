@@ -372,3 +372,12 @@ def default_store() -> Any:
     from torch.distributed.distributed_c10d import _get_default_store
 
     return _get_default_store()
+
+
+def real_tensors() -> Any:
+    """Context manager: real tensors even where a FakeTensorMode is active
+    (the partitioner runs under AOTAutograd's fake mode, so a calibration
+    run from it would otherwise time fake ops)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()

@@ -63,10 +63,22 @@ def plan_records(state: "PartitionState") -> list[dict[str, Any]]:
                 "required": cand.required,
                 "decision": decision.value,
                 "codec": codec,
+                "codec_error_bound": _codec_bound(codec),
                 "cost_seconds": cost,
             }
         )
     return records
+
+
+def _codec_bound(codec: str | None) -> float | None:
+    """The codec's declared relative error. Codec statistics (outlier
+    channels, scales) are computed from the real tensor at every compress
+    call, so the plan stores the bound it relies on rather than statistics."""
+    if codec is None:
+        return None
+    from adacc_compile.kernels import get_codec
+
+    return get_codec(codec).error_bound
 
 
 def plan_table(records: list[dict[str, Any]]) -> str:

@@ -196,18 +196,17 @@ def fit_code_table(
     err, levels = best
     breakpoints = []
     for t in ((levels[1:] + levels[:-1]) / 2).tolist():
-        below_t = (y < t).tolist()
-        for i in range(points - 1):
-            if below_t[i] != below_t[i + 1]:
-                a, b = float(x[i]), float(x[i + 1])
-                rising = below_t[i]
-                for _ in range(100):  # bisection to float64 precision
-                    m = 0.5 * (a + b)
-                    if (float(derivative(torch.tensor(m))) < t) == rising:
-                        a = m
-                    else:
-                        b = m
-                breakpoints.append((_f32(0.5 * (a + b)), 1 if rising else -1))
+        below_t = y < t
+        for i in torch.nonzero(below_t[:-1] != below_t[1:]).flatten().tolist():
+            a, b = float(x[i]), float(x[i + 1])
+            rising = bool(below_t[i])
+            for _ in range(100):  # bisection to float64 precision
+                m = 0.5 * (a + b)
+                if (float(derivative(torch.tensor(m))) < t) == rising:
+                    a = m
+                else:
+                    b = m
+            breakpoints.append((_f32(0.5 * (a + b)), 1 if rising else -1))
     base = int(torch.argmin(levels.abs()))
     relative = math.sqrt(err / float((weight * y * y).sum()))
     return tuple(_f32(v) for v in levels.tolist()), tuple(sorted(breakpoints)), base, relative
@@ -428,12 +427,17 @@ class FewBitCodec(OpCodec):
         """Only where the activation's backward is the value's sole reader.
 
         Any other reader needs x itself, which these bits cannot give back.
+        Tensors of a few elements, whose three bit planes round up to more
+        bytes than the data, are refused.
         """
-        return (
+        if not (
             query.dtype in _DTYPES
             and bool(query.consumer_targets)
             and all(_short_op_name(t) == self.table.backward for t in query.consumer_targets)
-        )
+        ):
+            return False
+        original = numel_of([int(s) for s in query.shape]) * query.dtype.itemsize
+        return self.compressed_nbytes(query.shape, query.dtype) < original
 
     def calibrate(self, samples: Sequence[torch.Tensor]) -> CodecStats:
         """Error of the decompressed derivative against the exact one (float64).

@@ -132,6 +132,16 @@ def calibrate_link(group: Any = None, *, sizes: tuple[int, ...] = (1 << 8, 1 << 
     import torch
     import torch.distributed as dist
 
+    from adacc_compile import compat
+
+    with compat.real_tensors():
+        return _calibrate_link(group, sizes, repeats)
+
+
+def _calibrate_link(group: Any, sizes: tuple[int, ...], repeats: int) -> LinkProfile:
+    import torch
+    import torch.distributed as dist
+
     p = dist.get_world_size(group)
     medians = []
     for numel in (max(1, s // 4) for s in sizes):

@@ -112,7 +112,13 @@ def calibrate(device: str = "cpu") -> DeviceProfile:
     Small sizes keep this under a second on a CPU; the medians of a few
     repeats resist noise from a shared machine.
     """
-    dev = torch.device(device)
+    from adacc_compile import compat
+
+    with compat.real_tensors():  # the partitioner runs under a fake mode
+        return _calibrate(torch.device(device))
+
+
+def _calibrate(dev: torch.device) -> DeviceProfile:
     matmul = {"float32": _matmul_rate(dev, torch.float32, 512)}
     if dev.type == "cuda":
         matmul["bfloat16"] = _matmul_rate(dev, torch.bfloat16, 4096)
@@ -140,8 +146,9 @@ def calibrate(device: str = "cpu") -> DeviceProfile:
 
 
 def _matmul_rate(device: torch.device, dtype: torch.dtype, n: int) -> float:
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    gen = torch.Generator(device=device).manual_seed(0)  # leave the global RNG alone
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
     seconds = _median_seconds(lambda: a @ b, device)
     return 2 * n**3 / seconds
 

@@ -66,7 +66,7 @@ class _Stuck(Exception):
 
 
 def _trials(cand: Candidate, by_name: dict[str, Candidate], state: dict[str, Choice]):
-    if cand.can_recompute:
+    if cand.can_recompute and not any(_gives_no_value(by_name, state, inp) for inp in cand.inputs):
         trial = dict(state)
         trial[cand.name] = Choice(decision=Decision.RECOMPUTE)
         try:
@@ -85,6 +85,14 @@ def _trials(cand: Candidate, by_name: dict[str, Candidate], state: dict[str, Cho
         trial = dict(state)
         trial[cand.name] = Choice(decision=Decision.COMPRESS, codec=option.codec)
         yield trial
+
+
+def _gives_no_value(by_name: dict[str, Candidate], state: dict[str, Choice], name: str) -> bool:
+    """True when ``name`` is compressed with a codec that yields no value."""
+    choice = state.get(name)
+    if choice is None or choice.decision is not Decision.COMPRESS or name not in by_name:
+        return False
+    return not next(o.provides_value for o in by_name[name].compress if o.codec == choice.codec)
 
 
 def _make_available(

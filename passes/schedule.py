@@ -231,7 +231,10 @@ def _pin_map(
 def _single_tensor(node: fx.Node) -> bool:
     import torch
 
-    return isinstance(node.meta.get("val"), torch.Tensor)
+    val = node.meta.get("val")
+    if val is None:  # no meta: judge by how it is read
+        return not any(getattr(u.target, "__name__", "") == "getitem" for u in node.users)
+    return isinstance(val, torch.Tensor)
 
 
 def _pinned_wait(node: fx.Node) -> bool:

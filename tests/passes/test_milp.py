@@ -53,7 +53,12 @@ def random_problem(rng: random.Random, n: int, with_codecs: bool) -> PlanProblem
         compress = ()
         if with_codecs and rng.random() < 0.4:
             b = rng.randint(10, 100)
-            compress = (CompressOption(codec="c8", nbytes=b // 2, seconds=rng.uniform(0.5, 3) * 1e-6),)
+            compress = (
+                CompressOption(
+                    codec="c8", nbytes=b // 2, seconds=rng.uniform(0.5, 3) * 1e-6,
+                    provides_value=rng.random() < 0.7,
+                ),
+            )
         cands.append(
             Candidate(
                 name=f"v{i}",
@@ -119,3 +124,34 @@ def test_minimize_bytes_and_lp_file(tmp_path):
     assert saved_bytes(problem, sol) == 8
     text = lp.read_text()
     assert "keep_x" in text and "recompute_x" in text
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_greedy_and_baseline_policies_are_legal(seed):
+    from adacc_compile.passes.greedy import solve_greedy
+    from adacc_compile.passes.policies import keep_all_policy, recompute_all_policy
+
+    rng = random.Random(100 + seed)
+    problem = random_problem(rng, n=rng.randint(4, 9), with_codecs=True)
+    optimum = brute_force(problem)
+    greedy = solve_greedy(problem)
+    if greedy.status == "greedy":
+        assert check_solution(problem, greedy) == []
+        assert optimum is not None and added_seconds(problem, greedy) >= optimum - 1e-12
+    unconstrained = PlanProblem(candidates=problem.candidates)
+    for policy in (keep_all_policy, recompute_all_policy):
+        solution = policy(unconstrained, SolverOptions())
+        if solution.status != "infeasible":
+            assert check_solution(unconstrained, solution) == []
+
+
+def test_solver_time_limit_warns_and_still_returns_a_legal_plan():
+    from adacc_compile.passes.policies import milp_policy
+
+    rng = random.Random(7)
+    problem = random_problem(rng, n=9, with_codecs=True)
+    problem = PlanProblem(candidates=problem.candidates, budget_bytes=sum(c.keep_bytes for c in problem.candidates))
+    with pytest.warns(UserWarning, match="time limit|greedy"):
+        solution = milp_policy(problem, SolverOptions(time_limit_s=1e-9))
+    assert solution.status in ("time_limit", "greedy", "feasible")
+    assert check_solution(problem, solution) == []

@@ -1,0 +1,272 @@
+"""Accuracy study: a small character-level GPT trained on real English text
+without checkpointing and with adacc lossless / balanced / aggressive plans,
+from the same initial weights on the same batches (issue 4).
+
+    python bench/bench_accuracy.py [--steps 300] [--layers 2] [--d-model 128]
+        [--seq-len 128] [--batch 8] [--lr 1e-3] [--budget 0.3] [--profile h100]
+        [--variants eager lossless balanced aggressive] [--out-dir bench/results]
+
+Text: the standard library's ``pydoc_data.topics`` help texts (nothing is
+downloaded; `adacc_compile.text_data`). Optimiser: AdamW. adacc variants use
+``backend="adacc_eager"`` (same partitioner as ``adacc``, graphs run
+eagerly, codecs through their torch reference implementations) at
+``memory_budget=--budget`` with ``device_profile=--profile``: the H100 cost
+model makes compression cheap, so at a tight budget the planner compresses
+(an issue-4 study of what compression does to the loss, not of CPU speed).
+
+Reported per variant: final train loss (mean of the last 20 steps) and its
+relative difference to the uncompressed run, validation loss at the end,
+what the plan compressed and with which codecs, and wall time. Outputs:
+accuracy.md, accuracy.json, accuracy.png under --out-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections import Counter
+from typing import Any
+
+import torch
+
+from adacc_compile import compat
+from adacc_compile.config import AdaccConfig
+from adacc_compile.models import GPT, GPTConfig, count_parameters, init_weights
+from adacc_compile.partitioner import AdaccPartitioner
+from adacc_compile.text_data import load_char_corpus
+
+ACCURACY_VARIANTS = ("lossless", "balanced", "aggressive")
+COMPRESS_ONLY_VARIANTS = ("balanced_compress_only", "aggressive_compress_only")
+"""Stress tests: ``allow_recompute=False``, so the plan compresses whatever
+it can instead of recomputing (much more compression than the mixed plan)."""
+
+
+def make_step_fn(model: torch.nn.Module, variant: str, args: argparse.Namespace):
+    """The callable to train with, and the partitioner (None for eager)."""
+    if variant == "eager":
+        return model, None
+    accuracy = variant.removesuffix("_compress_only")
+    options = {"memory_budget": args.budget, "device_profile": args.profile, "accuracy": accuracy}
+    if variant.endswith("_compress_only"):
+        options["allow_recompute"] = False
+    partitioner = AdaccPartitioner(AdaccConfig.from_options(options))
+    fn = torch.compile(model, backend=lambda gm, ex: compat.eager_aot_compile(gm, ex, partitioner))
+    return fn, partitioner
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches) -> float:
+    model.eval()
+    losses = [float(model(idx, tgt)) for idx, tgt in batches]
+    model.train()
+    return statistics.fmean(losses)
+
+
+def plan_summary(partitioner: AdaccPartitioner | None) -> dict[str, Any]:
+    if partitioner is None:
+        return {}
+    codecs: Counter[str] = Counter()
+    decisions: Counter[str] = Counter()
+    by_class: Counter[str] = Counter()
+    compressed_bytes = saved = baseline = 0
+    for report in partitioner.reports:
+        s = report["summary"]
+        codecs.update(s["codecs"])
+        decisions.update(s["decisions"])
+        compressed_bytes += s["compressed_bytes_saved"]
+        saved += s["planned_saved_bytes"]
+        baseline += s["baseline_saved_bytes"]
+        for r in report["plan"]:
+            if r["decision"] == "compress":
+                by_class[f"{r['op_class']}:{r['codec']}"] += 1
+    return {
+        "graphs": len(partitioner.reports),
+        "codecs": dict(codecs),
+        "decisions": dict(decisions),
+        "compressed_by_op_class": dict(by_class),
+        "compressed_bytes_saved": compressed_bytes,
+        "planned_saved_bytes": saved,
+        "baseline_saved_bytes": baseline,
+        "estimated_added_seconds": sum(r["summary"]["estimated_added_seconds"] for r in partitioner.reports),
+    }
+
+
+def train(variant: str, base: torch.nn.Module, batches, val_batches, args: argparse.Namespace) -> dict[str, Any]:
+    model = copy.deepcopy(base)
+    torch._dynamo.reset()
+    fn, partitioner = make_step_fn(model, variant, args)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    losses = []
+    start = time.perf_counter()
+    first_step = None
+    for step, (idx, tgt) in enumerate(batches):
+        torch.manual_seed(step)  # identical dropout masks, if any, in every variant
+        optimizer.zero_grad(set_to_none=True)
+        loss = fn(idx, tgt)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if step == 0:
+            first_step = time.perf_counter() - start
+        if (step + 1) % 50 == 0:
+            print(f"  {variant:10s} step {step + 1:4d} loss {statistics.fmean(losses[-20:]):.4f}", flush=True)
+    wall = time.perf_counter() - start
+    return {
+        "variant": variant,
+        "losses": losses,
+        "final_loss": statistics.fmean(losses[-args.final_window:]),
+        "val_loss": evaluate(model, val_batches),
+        "wall_seconds": wall,
+        "first_step_seconds": first_step,
+        "plan": plan_summary(partitioner),
+    }
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def plot(results: list[dict[str, Any]], path: str, window: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, diff_ax) = plt.subplots(1, 2, figsize=(12, 4.2))
+    reference = results[0]["losses"]
+    for r in results:
+        ax.plot(smooth(r["losses"], window), label=f"{r['variant']} (final {r['final_loss']:.4f})", alpha=0.85)
+        if r is not results[0]:
+            rel = [100 * (a - b) / b for a, b in zip(r["losses"], reference)]
+            diff_ax.plot(smooth(rel, window), label=r["variant"], alpha=0.85)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"train loss (moving mean of {window})")
+    ax.set_title("char-level GPT on pydoc_data.topics")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    diff_ax.axhline(0.5, color="gray", linestyle=":", label="+0.5%")
+    diff_ax.axhline(-0.5, color="gray", linestyle=":")
+    diff_ax.set_xlabel("step")
+    diff_ax.set_ylabel(f"loss vs {results[0]['variant']} (%, moving mean of {window})")
+    diff_ax.set_title("relative difference per step (same batches)")
+    diff_ax.legend()
+    diff_ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def table(results: list[dict[str, Any]], final_window: int) -> str:
+    ref = results[0]
+    lines = [
+        f"| variant | final train loss (mean last {final_window}) | vs uncompressed | val loss | vs uncompressed | compressed values (codecs) | decisions keep/rec/comp | compressed by op class | est. added us (H100 model) | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        plan = r["plan"]
+        codecs = ", ".join(f"{k} x{v}" for k, v in sorted(plan.get("codecs", {}).items())) or "-"
+        by_class = ", ".join(f"{k} x{v}" for k, v in sorted(plan.get("compressed_by_op_class", {}).items())) or "-"
+        d = plan.get("decisions", {})
+        decisions = f"{d.get('keep', 0)}/{d.get('recompute', 0)}/{d.get('compress', 0)}" if d else "-"
+        lines.append(
+            f"| {r['variant']} | {r['final_loss']:.4f} | {100 * (r['final_loss'] - ref['final_loss']) / ref['final_loss']:+.3f}% "
+            f"| {r['val_loss']:.4f} | {100 * (r['val_loss'] - ref['val_loss']) / ref['val_loss']:+.3f}% "
+            f"| {sum(plan.get('codecs', {}).values()) if plan else '-'} ({codecs}) | {decisions} | {by_class} "
+            f"| {1e6 * plan['estimated_added_seconds']:.1f} | {r['wall_seconds']:.0f} |"
+            if plan
+            else f"| {r['variant']} | {r['final_loss']:.4f} | reference | {r['val_loss']:.4f} | reference | - | - | - | - | {r['wall_seconds']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--budget", type=float, default=0.3)
+    parser.add_argument("--profile", default="h100")
+    parser.add_argument("--variants", nargs="+", default=["eager", *ACCURACY_VARIANTS],
+                        choices=["eager", *ACCURACY_VARIANTS, *COMPRESS_ONLY_VARIANTS],
+                        help="the first one is the reference; *_compress_only = allow_recompute False")
+    parser.add_argument("--final-window", type=int, default=20)
+    parser.add_argument("--val-batches", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out-dir", default="bench/results")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out_dir, exist_ok=True)
+    command = "python bench/bench_accuracy.py " + " ".join(sys.argv[1:] if argv is None else argv)
+
+    corpus = load_char_corpus()
+    cfg = GPTConfig(
+        vocab_size=corpus.vocab_size, seq_len=args.seq_len, n_layer=args.layers, n_head=args.heads,
+        d_model=args.d_model, dropout=args.dropout,
+    )
+    base = init_weights(GPT(cfg), seed=args.seed)
+    batches = corpus.batches(batch=args.batch, seq_len=args.seq_len, steps=args.steps, seed=args.seed)
+    val_batches = corpus.batches(batch=args.batch, seq_len=args.seq_len, steps=args.val_batches, seed=1, split="val")
+    print(
+        f"corpus: {corpus.train.numel() + corpus.val.numel()} chars, vocab {corpus.vocab_size}; "
+        f"model {count_parameters(base) / 1e6:.2f} M params",
+        flush=True,
+    )
+    results = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for variant in args.variants:
+            results.append(train(variant, base, batches, val_batches, args))
+    torch._dynamo.reset()
+
+    plot_path = os.path.join(args.out_dir, "accuracy.png")
+    plot(results, plot_path, window=10)
+    text = table(results, args.final_window)
+    ref = results[0]
+    verdicts = []
+    for r in results[1:]:
+        rel = 100 * abs(r["final_loss"] - ref["final_loss"]) / ref["final_loss"]
+        if r["variant"].startswith("balanced"):
+            verdicts.append(
+                f"{r['variant']}: |Δ final loss| = {rel:.3f}% — {'within' if rel <= 0.5 else 'NOT within'} "
+                "0.5% (the issue's bound for balanced)."
+            )
+    header = (
+        f"## Accuracy: char-level GPT on pydoc_data.topics — {datetime.date.today()} — "
+        f"{platform.machine()} CPU, torch {torch.__version__}\n\n"
+        f"Command: `{command}`\n\n"
+        f"Model: GPT {args.layers} layers, d_model {args.d_model}, {args.heads} heads, seq {args.seq_len}, "
+        f"vocab {corpus.vocab_size} (chars), dropout {args.dropout}, {count_parameters(base) / 1e6:.2f} M params; "
+        f"AdamW lr {args.lr}, batch {args.batch}, {args.steps} steps, same init and same batches for all variants. "
+        f"adacc variants: backend adacc_eager, memory_budget {args.budget}, device_profile {args.profile}. "
+        f"Reference: {ref['variant']}. Final loss = mean of the last {args.final_window} steps; "
+        f"val loss = {args.val_batches} held-out batches after training. Plot: `{plot_path}`.\n"
+    )
+    body = header + "\n" + text + "\n\n" + "\n".join(verdicts) + "\n"
+    print(body)
+    with open(os.path.join(args.out_dir, "accuracy.md"), "w") as f:
+        f.write(body)
+    with open(os.path.join(args.out_dir, "accuracy.json"), "w") as f:
+        json.dump({"command": command, "args": vars(args), "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
