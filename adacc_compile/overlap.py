@@ -19,6 +19,7 @@ untouched (their plan hash is still computed).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -164,9 +165,18 @@ def resolve_link(name: str, groups: tuple[str, ...]) -> LinkProfile:
     if key == "auto":
         return default_link(compat.group_backend(groups[0]) if groups else None)
     if key == "calibrate":
-        group = compat.resolve_group(groups[0]) if groups else None
-        return calibrate_link(group) if group is not None else default_link(None)
+        if not groups or compat.resolve_group(groups[0]) is None:
+            return default_link(None)
+        return _calibrated_link(groups[0], compat.group_size(groups[0]), compat.group_backend(groups[0]))
     return link_by_name(key)
+
+
+@functools.lru_cache(maxsize=None)
+def _calibrated_link(group_name: str, _size: int, _backend: str | None) -> LinkProfile:
+    """Measured once per process and group (a collective on every rank of it,
+    reached by all ranks at the same compile), so that recompiles plan with
+    the same numbers."""
+    return calibrate_link(compat.resolve_group(group_name))
 
 
 def summary(state: "PartitionState") -> dict[str, Any]:

@@ -145,8 +145,9 @@ def plan_stage(state: PartitionState) -> None:
     assert state.reduction is not None
     policy = get_policy(state.config.planner)
     target = state.budget.budget_bytes
+    floor = state.budget.minimum_bytes
     cap = target
-    best = None
+    attempts = []
     for attempt in range(state.config.max_replans + 1):
         problem = dataclasses.replace(state.reduction.problem, budget_bytes=cap)
         solution = policy(problem, state.solver_options)
@@ -162,20 +163,26 @@ def plan_stage(state: PartitionState) -> None:
         timeline = simulate_step(
             fw, bw, num_fwd_outputs=state.num_fwd_outputs, forward_names=state.forward_names
         )
-        best = (solution, saved, fw, bw, timeline)
+        attempts.append((solution, saved, fw, bw, timeline))
         state.replans = attempt
         excess = timeline.activation_peak_bytes - target
         if excess <= 0 or state.config.planner in ("keep_all", "recompute_all"):
             break
         new_cap = min(cap - excess, timeline.saved_bytes - excess)
-        if new_cap < state.budget.minimum_bytes or new_cap >= cap:
+        if new_cap < floor:
+            new_cap = floor if cap > floor else new_cap  # one last try at the floor
+        if new_cap < floor or new_cap >= cap:
             break
         cap = new_cap
-    if best is None:
+    if not attempts:
         raise RuntimeError(
             f"adacc: planner {state.config.planner!r} found no plan within "
             f"{target} bytes (reachable minimum {state.budget.minimum_bytes})"
         )
+    # The first attempt that fits is the least constrained (cheapest) one;
+    # if none fits, the one with the lowest simulated activation peak.
+    fitting = [a for a in attempts if a[4].activation_peak_bytes <= target]
+    best = fitting[0] if fitting else min(attempts, key=lambda a: a[4].activation_peak_bytes)
     state.solution, state.saved_values, state.fw_module, state.bw_module, state.timeline = best
     peak = state.timeline.activation_peak_bytes
     if peak > target and state.config.planner not in ("keep_all", "recompute_all"):

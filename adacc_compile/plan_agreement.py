@@ -177,6 +177,7 @@ def _wait(store: Any, keys: list[str], timeout_s: float, what: str) -> None:
     except Exception as error:  # DistStoreError / RuntimeError on timeout
         raise PlanMismatchError(
             f"adacc: waited {timeout_s:g} s for {what} without an answer ({error}); the ranks "
-            f"are not compiling the same graphs (or one failed). Raise plan_check_timeout_s "
-            f"if compilation is merely slow on some ranks"
+            f"are not compiling the same graphs (one failed, compiled a different graph, or was "
+            f"served from a compile cache the others missed). Raise plan_check_timeout_s if "
+            f"compilation is merely slow on some ranks"
         ) from error

@@ -3,7 +3,7 @@ without checkpointing and with adacc lossless / balanced / aggressive plans,
 from the same initial weights on the same batches (issue 4).
 
     python bench/bench_accuracy.py [--steps 300] [--layers 2] [--d-model 128]
-        [--seq-len 128] [--batch 8] [--lr 1e-3] [--budget 0.3] [--profile h100]
+        [--seq-len 64] [--batch 8] [--lr 1e-3] [--budget 0.3] [--profile h100]
         [--variants eager lossless balanced aggressive] [--out-dir bench/results]
 
 Text: the standard library's ``pydoc_data.topics`` help texts (nothing is
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -211,6 +211,7 @@ def main(argv=None) -> int:
     parser.add_argument("--final-window", type=int, default=20)
     parser.add_argument("--val-batches", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tag", default="", help="suffix of the output file names")
     parser.add_argument("--out-dir", default="bench/results")
     args = parser.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
@@ -236,7 +237,7 @@ def main(argv=None) -> int:
             results.append(train(variant, base, batches, val_batches, args))
     torch._dynamo.reset()
 
-    plot_path = os.path.join(args.out_dir, "accuracy.png")
+    plot_path = os.path.join(args.out_dir, f"accuracy{args.tag}.png")
     plot(results, plot_path, window=10)
     text = table(results, args.final_window)
     ref = results[0]
@@ -261,9 +262,9 @@ def main(argv=None) -> int:
     )
     body = header + "\n" + text + "\n\n" + "\n".join(verdicts) + "\n"
     print(body)
-    with open(os.path.join(args.out_dir, "accuracy.md"), "w") as f:
+    with open(os.path.join(args.out_dir, f"accuracy{args.tag}.md"), "w") as f:
         f.write(body)
-    with open(os.path.join(args.out_dir, "accuracy.json"), "w") as f:
+    with open(os.path.join(args.out_dir, f"accuracy{args.tag}.json"), "w") as f:
         json.dump({"command": command, "args": vars(args), "results": results}, f, indent=1)
     return 0
 

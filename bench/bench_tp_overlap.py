@@ -52,6 +52,9 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, args: dict) -> 
     from adacc_compile.models import GPTConfig, gpt_batch
     from adacc_compile.tp_example import build, init_gloo
 
+    import faulthandler
+
+    faulthandler.dump_traceback_later(args["watchdog_s"], exit=True)  # a hang prints where, then exits
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     group = init_gloo(rank, world_size, port)
@@ -145,6 +148,8 @@ def measured_table(results: dict[int, dict]) -> str:
         on = statistics.median(result["times"]["overlap"])
         off = statistics.median(result["times"]["on_demand"])
         summary = result["summaries"]["overlap"]
+        same = summary["decisions"] == result["summaries"]["on_demand"]["decisions"]
+        assert same, "overlap on/off must share the plan"
         lines.append(
             f"| {world_size} | {summary['decisions']['recompute']} ({summary['recomputes_in_windows']}) "
             f"| {summary['overlapped_recompute_seconds'] * 1e3:.2f} ms "
@@ -201,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--comm-profile", default="calibrate", help="window cost model (default: measured gloo)")
     parser.add_argument("--gpt3", default="175B", choices=sorted(GPT3))
     parser.add_argument("--json", help="also write raw results here")
+    parser.add_argument("--watchdog-s", type=float, default=900, help="a rank stuck this long dumps its stack and exits")
     args = parser.parse_args(argv)
 
     print(f"# TP recompute overlap: {' '.join(sys.argv)}")

@@ -73,7 +73,10 @@ def schedule_recompute(
                 skipped[node.name] = "already computed before the window opens"
                 continue
             closure = _pending_ancestors(node, position, start)
-            blocker = next((n for n in closure if n in tainted or not _movable(n)), None)
+            blocker = next(
+                (n for n in sorted(closure, key=position.__getitem__) if n in tainted or not _movable(n)),
+                None,
+            )
             if blocker is not None:
                 skipped[node.name] = f"needs {blocker.name}, which cannot run before the window"
                 continue
