@@ -150,11 +150,12 @@ def plot(results: list[dict[str, Any]], path: str, window: int) -> None:
 
     fig, (ax, diff_ax) = plt.subplots(1, 2, figsize=(12, 4.2))
     reference = results[0]["losses"]
-    for r in results:
-        ax.plot(smooth(r["losses"], window), label=f"{r['variant']} (final {r['final_loss']:.4f})", alpha=0.85)
+    for i, r in enumerate(results):
+        color = f"C{i}"
+        ax.plot(smooth(r["losses"], window), label=f"{r['variant']} (final {r['final_loss']:.4f})", alpha=0.85, color=color)
         if r is not results[0]:
             rel = [100 * (a - b) / b for a, b in zip(r["losses"], reference)]
-            diff_ax.plot(smooth(rel, window), label=r["variant"], alpha=0.85)
+            diff_ax.plot(smooth(rel, window), label=r["variant"], alpha=0.85, color=color)
     ax.set_xlabel("step")
     ax.set_ylabel(f"train loss (moving mean of {window})")
     ax.set_title("char-level GPT on pydoc_data.topics")

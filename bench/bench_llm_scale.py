@@ -153,8 +153,8 @@ def gib(n: float) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| model | micro-batch | block reuse | candidates (solved) | planning s (structure+budget+plan) | MILP solve s (budget + policy) | torch fw/bw split s | simulate s | other stages s | pipeline wall s (cpu s) | replans | keep/rec/comp | codecs | matmul rec | est. added ms (% of step) | baseline saved | planned saved | act. peak | step peak | budget | fits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | micro-batch | block reuse | candidates (solved) | planning s (structure+budget+plan) | MILP solve s (budget + policy) | torch fw/bw split s | simulate s | other stages s | pipeline wall s (cpu s) | replans | keep/rec/comp | codecs | matmul rec | est. added ms (% of step) | baseline saved | planned saved | act. peak | step peak | + weights | budget | fits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         st = r["stage_seconds"]
@@ -172,7 +172,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['replans']} | {d['keep']}/{d['recompute']}/{d['compress']} | {codecs} | {r['matmul_recomputes']} "
             f"| {1e3 * r['estimated_added_seconds']:.3f} ({100 * r['estimated_added_seconds'] / max(r['estimated_step_seconds'], 1e-12):.1f}%) "
             f"| {gib(r['baseline_saved_bytes'])} | {gib(r['planned_saved_bytes'])} | {gib(r['predicted_activation_peak_bytes'])} "
-            f"| {gib(r['predicted_peak_bytes'])} | {gib(r['budget_bytes'])} | {'yes' if r['activation_peak_fits_budget'] else 'NO'} |"
+            f"| {gib(r['predicted_peak_bytes'])} | {gib(r['predicted_peak_bytes'] + 2 * r['params'])} "
+            f"| {gib(r['budget_bytes'])} | {'yes' if r['activation_peak_fits_budget'] else 'NO'} |"
         )
     return "\n".join(lines)
 
@@ -211,6 +212,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile-run", action="store_true", help="cProfile one block-reuse 7B plan")
     parser.add_argument("--gc-freeze", action="store_true",
                         help="also plan once more after gc.freeze() (is Python's cyclic GC a cost?)")
+    parser.add_argument("--tag", default="", help="suffix of the output file names")
     parser.add_argument("--out-dir", default="bench/results")
     args = parser.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
@@ -259,10 +261,10 @@ def main(argv=None) -> int:
         row = plan_once(last, {**base_options, "memory_budget": args.budget, "block_reuse": True})
         gc.unfreeze()
         rows.append({"model": "Llama-7B shape, gc.freeze()", "micro_batch": args.micro_batches[-1],
-                     "trace_seconds": 0.0, "params": 0, **row})
+                     "trace_seconds": 0.0, "params": traces[-1]["params"], **row})
         print(table([rows[-1]]).splitlines()[-1], flush=True)
     if args.profile_run and last is not None:
-        path = os.path.join(args.out_dir, "llm_scale_profile.txt")
+        path = os.path.join(args.out_dir, f"llm_scale_profile{args.tag}.txt")
         profile_text = profile_plan(last, {**base_options, "memory_budget": args.budget, "block_reuse": True}, path)
         notes.append(f"cProfile of a block-reuse plan (micro-batch {args.micro_batches[-1]}): `{path}`.")
 
@@ -286,7 +288,8 @@ def main(argv=None) -> int:
         "`_extract_fwd_bwd_modules` + autograd-order reordering + FX recompile), inside the plan stage; "
         "pipeline wall s = every stage (cpu s = process CPU time, less sensitive to the shared machine's load). "
         "act. peak = predicted_activation_peak_bytes (what the budget caps); step peak = predicted_peak_bytes "
-        "(activations + gradients + temporaries; parameters, being graph inputs, are not counted).\n"
+        "(activations + gradients + temporaries; parameters, being graph inputs, are not counted; "
+        "+ weights = step peak plus the bf16 parameters, what the GPU holds at the peak without optimizer state).\n"
     )
     trace_lines = ["| model | micro-batch | Dynamo+AOT trace s (fake) | joint nodes | params |", "|---|---|---|---|---|"]
     trace_lines += [f"| {t['model']} | {t['micro_batch']} | {t['trace_seconds']:.1f} | {t['joint_nodes']} | {t['params'] / 1e9:.3f} B |" for t in traces]
@@ -300,9 +303,9 @@ def main(argv=None) -> int:
     print(body)
     if profile_text:
         print("\n".join(profile_text.splitlines()[:60]))
-    with open(os.path.join(args.out_dir, "llm_scale.md"), "w") as f:
+    with open(os.path.join(args.out_dir, f"llm_scale{args.tag}.md"), "w") as f:
         f.write(body)
-    with open(os.path.join(args.out_dir, "llm_scale.json"), "w") as f:
+    with open(os.path.join(args.out_dir, f"llm_scale{args.tag}.json"), "w") as f:
         json.dump({"command": command, "traces": traces, "rows": rows}, f, indent=1, default=str)
     return 0
 

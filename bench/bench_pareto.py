@@ -410,6 +410,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tag", default="", help="suffix of the output file names, e.g. '_bf16'")
     parser.add_argument("--out-dir", default="bench/results")
     parser.add_argument("--from-json", default="", help="re-make the table and plot from a pareto*.json (no planning)")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the planning sweep (only the measured runs)")
     args = parser.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
     command = "python bench/bench_pareto.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -428,7 +429,7 @@ def main(argv=None) -> int:
     if args.cpu_profile_model:
         runs.append((args.cpu_profile_model, "auto"))
     captured_by_model: dict[str, CapturedJoint] = {}
-    for name, profile in runs:
+    for name, profile in [] if args.no_sweep else runs:
         cfg = model_config(name, args)
         if args.from_json:
             group = [r for r in saved["rows"] if r["model"] == name and r["profile"] == profile]
@@ -454,6 +455,14 @@ def main(argv=None) -> int:
         )
         print(sections[-1], flush=True)
     plot_path = os.path.join(args.out_dir, f"pareto{args.tag}.png")
+    if not args.no_sweep:
+        write_sweep(args, command, groups, sections, rows, traces, comparisons, plot_path)
+    if args.measure_budgets:
+        write_measured(args, command)
+    return 0
+
+
+def write_sweep(args, command, groups, sections, rows, traces, comparisons, plot_path) -> None:
     plot(groups, plot_path)
 
     header = (
@@ -472,32 +481,34 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out_dir, f"pareto{args.tag}.json"), "w") as f:
         json.dump({"command": command, "trace_seconds": traces, "rows": rows, "comparisons": comparisons}, f, indent=1)
 
-    if args.measure_budgets:
-        measured_sections = []
-        measured_raw = {}
-        for name in args.measure_models if args.measure_models is not None else args.models:
-            cfg = model_config(name, args)
-            table, raw = measure(name, cfg, args)
-            measured_raw[name] = raw
-            measured_sections.append(
-                f"### {name}: {args.layers} layers, d_model {args.d_model}, seq {args.seq_len}, batch {args.batch}, fp32\n\n{table}\n"
-            )
-            print(measured_sections[-1], flush=True)
-        header = (
-            f"## Measured on CPU: the same plans (device_profile={args.profile}) — {datetime.date.today()} — "
-            f"{os.cpu_count()} cores (shared), torch {torch.__version__}\n\n"
-            f"Command: `{command}`\n\nBackend: `{args.measure_backend}` "
-            f"({'Inductor C++ codegen' if args.measure_backend == 'adacc' else 'graphs run eagerly'}). "
-            "peak = measured peak of one fw+bw step (profiler allocator trace, not counting params); "
-            "predicted = adacc's simulator; step ms = median of interleaved repeats; ratios vs eager without "
-            "checkpointing. On CPU the codecs are torch reference implementations, so compressed plans are "
-            "expected to be slower here than the H100 cost model says.\n"
+
+def write_measured(args, command) -> None:
+    measured_sections = []
+    measured_raw = {}
+    for name in args.measure_models if args.measure_models is not None else args.models:
+        cfg = model_config(name, args)
+        table, raw = measure(name, cfg, args)
+        measured_raw[name] = raw
+        measured_sections.append(
+            f"### {name}: {args.layers} layers, d_model {args.d_model}, seq {args.seq_len}, batch {args.batch}, fp32\n\n{table}\n"
         )
-        with open(os.path.join(args.out_dir, f"pareto_measured{args.tag}.md"), "w") as f:
-            f.write(header + "\n" + "\n".join(measured_sections))
-        with open(os.path.join(args.out_dir, f"pareto_measured{args.tag}.json"), "w") as f:
-            json.dump(measured_raw, f, indent=1)
-    return 0
+        print(measured_sections[-1], flush=True)
+    header = (
+        f"## Measured on CPU: the same plans (device_profile={args.profile}) — {datetime.date.today()} — "
+        f"{os.cpu_count()} cores (shared), torch {torch.__version__}\n\n"
+        f"Command: `{command}`\n\nBackend: `{args.measure_backend}` "
+        f"({'Inductor C++ codegen' if args.measure_backend == 'adacc' else 'graphs run eagerly'}). "
+        "peak = measured peak of one fw+bw step (profiler allocator trace, not counting params); "
+        "predicted / saved = adacc's simulator for the plan made in that compile (under Inductor the joint graph "
+        "has been through Inductor's joint-graph passes first, so these plans can differ from the fake-tensor sweep's); "
+        "step ms = median of interleaved repeats; ratios vs eager without "
+        "checkpointing. On CPU the codecs are torch reference implementations, so compressed plans are "
+        "expected to be slower here than the H100 cost model says.\n"
+    )
+    with open(os.path.join(args.out_dir, f"pareto_measured{args.tag}.md"), "w") as f:
+        f.write(header + "\n" + "\n".join(measured_sections))
+    with open(os.path.join(args.out_dir, f"pareto_measured{args.tag}.json"), "w") as f:
+        json.dump(measured_raw, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -141,8 +141,9 @@ def measure(world_size: int, args: argparse.Namespace) -> dict:
 
 def measured_table(results: dict[int, dict]) -> str:
     lines = [
-        "| ranks | recomputes (in windows) | predicted hidden | on-demand step | overlapped step | speedup (on-demand / overlapped) |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| ranks | recomputes (in windows) | windows (predicted) | predicted hidden | on-demand step | overlapped step "
+        "| speedup (ratio of medians) | paired ratios: median [q1, q3] |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for world_size, result in results.items():
         on = statistics.median(result["times"]["overlap"])
@@ -150,10 +151,13 @@ def measured_table(results: dict[int, dict]) -> str:
         summary = result["summaries"]["overlap"]
         same = summary["decisions"] == result["summaries"]["on_demand"]["decisions"]
         assert same, "overlap on/off must share the plan"
+        ratios = [a / b for a, b in zip(result["times"]["on_demand"], result["times"]["overlap"])]
+        q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
         lines.append(
             f"| {world_size} | {summary['decisions']['recompute']} ({summary['recomputes_in_windows']}) "
+            f"| {summary['comm_windows']} ({summary['comm_window_seconds'] * 1e3:.1f} ms) "
             f"| {summary['overlapped_recompute_seconds'] * 1e3:.2f} ms "
-            f"| {off * 1e3:.1f} ms | {on * 1e3:.1f} ms | {off / on:.3f}x |"
+            f"| {off * 1e3:.1f} ms | {on * 1e3:.1f} ms | {off / on:.3f}x | {median:.3f} [{q1:.3f}, {q3:.3f}] |"
         )
     return "\n".join(lines)
 

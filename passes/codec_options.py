@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
+from adacc_compile import compat
 from adacc_compile.kernels import ApplyQuery, Codec, DecompressKind, available_codecs, get_codec
 
 from .annotate import annotation
@@ -117,7 +118,15 @@ def codec_seconds(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, prof
 
 @functools.lru_cache(maxsize=None)
 def _measured_seconds_per_element(name: str, dtype: torch.dtype, device: str) -> float:
-    """Times compress + decompress of ``name`` on a sample tensor (cached)."""
+    """Times compress + decompress of ``name`` on a sample tensor (cached).
+
+    The partitioner runs under AOTAutograd's fake mode; timing must use real
+    tensors (`compat.real_tensors`)."""
+    with compat.real_tensors():
+        return _time_codec(name, dtype, device)
+
+
+def _time_codec(name: str, dtype: torch.dtype, device: str) -> float:
     codec = get_codec(name)
     rows, cols = 256, 1024
     gen = torch.Generator().manual_seed(0)
