@@ -16,7 +16,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch.fx as fx
 
-from adacc_compile import compat
 from adacc_compile.config import AdaccConfig
 from adacc_compile.partitioner import AdaccPartitioner
 
@@ -27,9 +26,7 @@ def adacc(
     options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> Callable[..., Any]:
-    config = _config(options, kwargs)
-    partitioner = AdaccPartitioner(config)
-    return compat.inductor_compile(gm, example_inputs, {"custom_partitioner_fn": partitioner})
+    return AdaccPartitioner(_config(options, kwargs)).compile(gm, example_inputs)
 
 
 def adacc_eager(
@@ -38,8 +35,7 @@ def adacc_eager(
     options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> Callable[..., Any]:
-    config = _config(options, kwargs)
-    return compat.eager_aot_compile(gm, example_inputs, AdaccPartitioner(config))
+    return AdaccPartitioner(_config(options, kwargs)).compile(gm, example_inputs, eager=True)
 
 
 def _config(options: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) -> AdaccConfig:

@@ -29,7 +29,6 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from adacc_compile import compat
 from adacc_compile.config import AdaccConfig
 from adacc_compile.measure import measure_peak_bytes
 from adacc_compile.partitioner import AdaccPartitioner
@@ -132,11 +131,7 @@ def _make_runner(variant: Variant, base_model: torch.nn.Module, lr: float) -> _R
         fn = torch.compile(model, backend="inductor")
     elif variant.kind in ("adacc", "adacc_eager"):
         partitioner = AdaccPartitioner(AdaccConfig.from_options(variant.options))
-        if variant.kind == "adacc":
-            backend = lambda gm, ex: compat.inductor_compile(gm, ex, {"custom_partitioner_fn": partitioner})  # noqa: E731
-        else:
-            backend = lambda gm, ex: compat.eager_aot_compile(gm, ex, partitioner)  # noqa: E731
-        fn = torch.compile(model, backend=backend)
+        fn = torch.compile(model, backend=partitioner.backend(eager=variant.kind == "adacc_eager"))
     else:
         raise ValueError(f"unknown variant kind {variant.kind!r}")
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)

@@ -17,6 +17,7 @@ import torch
 import torch.fx as fx
 from torch._functorch import partitioners as _partitioners
 from torch._functorch.compile_utils import raise_getitems as _raise_getitems
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.experimental.proxy_tensor import is_sym_node as _is_sym_node
 
 TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
@@ -142,12 +143,26 @@ def extract_forward_backward(
             joint_module, fw_module, bw_module, len(saved_sym_nodes)
         )
     bw_module = _partitioners.reordering_to_mimic_autograd_engine(bw_module)
-    fw_module = _raise_getitems(fw_module)
-    bw_module = _raise_getitems(bw_module)
+    # PyTorch's `raise_getitems` regenerates the Python code of both graphs;
+    # the same reordering on lazy modules leaves that to the first call.
+    fw_module = _raise_getitems(_LazyGraphModule.from_graphmodule(fw_module))
+    bw_module = _raise_getitems(_LazyGraphModule.from_graphmodule(bw_module))
     if hasattr(_partitioners, "thread_graphsafe_rng_from_hops"):
         fw_module = _partitioners.thread_graphsafe_rng_from_hops(fw_module, is_backward=False)
         bw_module = _partitioners.thread_graphsafe_rng_from_hops(bw_module, is_backward=True)
     return fw_module, bw_module
+
+
+def lazy_graph_modules() -> Any:
+    """Context in which new GraphModules generate their Python code on first
+    call instead of on construction (``torch.fx._lazy_graph_module``).
+
+    Inductor compiles under the same context; the pipeline uses it so that
+    the split, the codec rewrite and every re-plan attempt do not each pay
+    for FX code generation (about half of a 32-layer split's time)."""
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+
+    return _use_lazy_graph_module(True)
 
 
 # --------------------------------------------------------------------------
@@ -372,6 +387,19 @@ def default_store() -> Any:
     from torch.distributed.distributed_c10d import _get_default_store
 
     return _get_default_store()
+
+
+def is_fake(tensor: torch.Tensor) -> bool:
+    """A FakeTensor (shape and dtype only, no data)."""
+    from torch._subclasses.fake_tensor import is_fake as _is_fake
+
+    return bool(_is_fake(tensor))
+
+
+def is_mutating(node: fx.Node) -> bool:
+    """The node's operator writes to one of its inputs (schema-declared)."""
+    schema = getattr(node.target, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
 
 
 def real_tensors() -> Any:

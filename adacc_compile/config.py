@@ -129,6 +129,12 @@ class AdaccConfig:
     """Which codecs the planner may use: "lossless" (recompute and lossless
     codecs only), "balanced", "aggressive"."""
 
+    calibrate_codecs: bool = True
+    """Measure each lossy codec on this model's real activations (one extra
+    no-grad forward at compile time, on the batch being compiled for) and
+    drop options whose error exceeds the codec's declared bound. Off, or
+    without real inputs, the declared bounds are trusted."""
+
     codecs: tuple[str, ...] | None = None
     """Restrict the codec choice to these names (None = all that the accuracy
     mode allows; () = no compression)."""
@@ -188,7 +194,7 @@ class AdaccConfig:
         for name in ("planner", "on_infeasible", "accuracy", "device_profile", "comm_profile"):
             if name in options:
                 kwargs[name] = str(options[name])
-        for name in ("overlap_recompute", "block_reuse", "allow_recompute"):
+        for name in ("overlap_recompute", "block_reuse", "allow_recompute", "calibrate_codecs"):
             if name in options:
                 kwargs[name] = _bool(name, options[name])
         for name in ("solver_time_limit_s", "mip_rel_gap", "plan_check_timeout_s"):

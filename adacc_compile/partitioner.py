@@ -9,9 +9,10 @@ calling conventions and provides ``uuid()`` for Inductor's FX graph cache.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import pathlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch.fx as fx
 
@@ -40,6 +41,9 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
 
     def __init__(self, config: AdaccConfig):
         self.config = config
+        self.real_inputs: list[Any] | None = None
+        """The backend's real example inputs, for codec calibration; used by
+        the next graph partitioned, then dropped (they hold a batch)."""
         self.reports: list[dict[str, Any]] = []
         """One ``{"summary": ..., "plan": [...]}`` per partitioned graph."""
 
@@ -59,11 +63,30 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             config=self.config,
             num_fwd_outputs=int(num_fwd_outputs),
             static_lifetime_input_indices=list(kwargs.get("static_lifetime_input_indices") or []),
+            real_inputs=self.real_inputs,
         )
+        self.real_inputs = None
         run_pipeline(state)
         self.reports.append(state.report)
         assert state.fw_module is not None and state.bw_module is not None
         return state.fw_module, state.bw_module
+
+    def compile(
+        self, gm: fx.GraphModule, example_inputs: Sequence[Any], *, eager: bool = False
+    ) -> Callable[..., Any]:
+        """A backend body: AOTAutograd with this partitioner, then Inductor
+        (or, with ``eager=True``, the graphs run eagerly). Dynamo passes real
+        example inputs; they are kept for codec calibration."""
+        self.real_inputs = list(example_inputs)
+        if eager:
+            return compat.eager_aot_compile(gm, example_inputs, self)
+        return compat.inductor_compile(gm, example_inputs, {"custom_partitioner_fn": self})
+
+    def backend(self, *, eager: bool = False) -> Callable[..., Any]:
+        """``torch.compile(model, backend=partitioner.backend())``: the same
+        path as ``backend="adacc"`` (or ``"adacc_eager"``), with a handle on
+        this partitioner's reports."""
+        return functools.partial(self.compile, eager=eager)
 
     def uuid(self) -> str:
         """Config + adacc sources: a graph planned under other options or by

@@ -4,6 +4,7 @@
     classify  which nodes are forward and which backward
     annotate  bytes, FLOPs, runtime, op class, layer per node
     candidates  the plan problem: forward values the backward may need
+    calibrate codecs measured on the real activations of the compiled batch
     windows   backward communication windows and what may hide in them (issue 5)
     structure identical blocks folded into one (Lynx HEU)
     budget    the budget in bytes; baseline and reachable minimum
@@ -35,6 +36,12 @@ from adacc_compile.config import AdaccConfig
 from adacc_compile.overlap import OverlapState, agree_stage, schedule_stage, windows_stage
 from adacc_compile.passes.annotate import annotate
 from adacc_compile.passes.budget import BudgetResolution, resolve_budget
+from adacc_compile.passes.calibrate import (
+    Calibration,
+    calibrate_candidates,
+    calibrated_candidates,
+    not_calibrated,
+)
 from adacc_compile.passes.candidates import CandidateSet, find_candidates
 from adacc_compile.passes.codec_options import allowed_codecs, make_compress_options
 from adacc_compile.passes.compress_rewrite import apply_compression
@@ -49,7 +56,7 @@ from adacc_compile.passes.verify import verify_split
 
 log = logging.getLogger(__name__)
 
-OPTIONAL_STAGES = frozenset({"verify", "report"})
+OPTIONAL_STAGES = frozenset({"calibrate", "verify", "report"})
 
 
 @dataclass(slots=True, kw_only=True)
@@ -61,6 +68,10 @@ class PartitionState:
     num_fwd_outputs: int
     static_lifetime_input_indices: list[int] = field(default_factory=list)
     graph_index: int = 0
+    real_inputs: list[Any] | None = None
+    """Real values of the graph's primal inputs, when the backend has them
+    (calibration); dropped once calibrated."""
+    calibration: Calibration | None = None
     info: compat.JointGraphInfo | None = None
     profile: DeviceProfile | None = None
     candidates: CandidateSet | None = None
@@ -114,6 +125,18 @@ def candidates_stage(state: PartitionState) -> None:
     state.candidates = find_candidates(
         state.joint, state.info, options, allow_recompute=state.config.allow_recompute
     )
+
+
+def calibrate_stage(state: PartitionState) -> None:
+    assert state.candidates is not None and state.info is not None
+    if not state.config.calibrate_codecs:
+        state.calibration = not_calibrated("off (calibrate_codecs=False)")
+    else:
+        state.calibration = calibrate_candidates(
+            state.joint, state.info, state.candidates, state.real_inputs
+        )
+    state.real_inputs = None
+    state.candidates = calibrated_candidates(state.candidates, state.calibration)
 
 
 def structure_stage(state: PartitionState) -> None:
@@ -219,6 +242,7 @@ STAGES: tuple[tuple[str, Callable[[PartitionState], None]], ...] = (
     ("classify", classify),
     ("annotate", annotate_stage),
     ("candidates", candidates_stage),
+    ("calibrate", calibrate_stage),
     ("windows", windows_stage),
     ("structure", structure_stage),
     ("budget", budget_stage),
@@ -235,14 +259,15 @@ def run_pipeline(state: PartitionState, skip: frozenset[str] = frozenset()) -> P
     bad = skip - OPTIONAL_STAGES
     if bad:
         raise ValueError(f"cannot skip stage(s) {sorted(bad)}; optional: {sorted(OPTIONAL_STAGES)}")
-    for name, stage in STAGES:
-        if name in skip:
-            continue
-        start = time.perf_counter()
-        stage(state)
-        state.stage_seconds[name] = time.perf_counter() - start
-        for gm in (state.fw_module, state.bw_module) if name == "plan" else ():
-            assert gm is not None
-            gm.graph.lint()
-        log.debug("adacc stage %s took %.3f s", name, state.stage_seconds[name])
+    with compat.lazy_graph_modules():
+        for name, stage in STAGES:
+            if name in skip:
+                continue
+            start = time.perf_counter()
+            stage(state)
+            state.stage_seconds[name] = time.perf_counter() - start
+            for gm in (state.fw_module, state.bw_module) if name == "plan" else ():
+                assert gm is not None
+                gm.graph.lint()
+            log.debug("adacc stage %s took %.3f s", name, state.stage_seconds[name])
     return state

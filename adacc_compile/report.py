@@ -49,6 +49,9 @@ def plan_records(state: "PartitionState") -> list[dict[str, Any]]:
         decision = choice.decision if choice else Decision.NONE
         codec = choice.codec if choice else None
         cost = 0.0
+        measured = None
+        if codec and state.calibration is not None:
+            measured = state.calibration.options.get(cand.name, {}).get(codec)
         if decision is Decision.RECOMPUTE:
             cost = cand.recompute_seconds
         elif decision is Decision.COMPRESS:
@@ -64,6 +67,7 @@ def plan_records(state: "PartitionState") -> list[dict[str, Any]]:
                 "decision": decision.value,
                 "codec": codec,
                 "codec_error_bound": _codec_bound(codec),
+                "calibration": measured.to_json() if measured is not None else None,
                 "cost_seconds": cost,
             }
         )
@@ -71,9 +75,10 @@ def plan_records(state: "PartitionState") -> list[dict[str, Any]]:
 
 
 def _codec_bound(codec: str | None) -> float | None:
-    """The codec's declared relative error. Codec statistics (outlier
-    channels, scales) are computed from the real tensor at every compress
-    call, so the plan stores the bound it relies on rather than statistics."""
+    """The codec's declared relative error. Where the value was calibrated,
+    the record's ``calibration`` holds what was measured on the real
+    activation (error, SQNR, abs max, outlier channels); the codecs still
+    compute their scales and outlier slots from the tensor at every call."""
     if codec is None:
         return None
     from adacc_compile.kernels import get_codec
@@ -126,6 +131,7 @@ def summarize(state: "PartitionState") -> dict[str, Any]:
         "decisions": {d.value: counts.get(d.value, 0) for d in Decision},
         "num_candidates": len(problem.candidates),
         "block_reuse": state.reduction.summary() if state.reduction else {"used": False},
+        "calibration": state.calibration.summary() if state.calibration else {"used": False, "reason": "skipped"},
         "compressed_bytes_saved": _compressed_bytes_saved(state),
         "codecs": dict(Counter(c.codec for c in state.solution.choices.values() if c.codec)),
         "device_profile": state.profile.name if state.profile else "",

@@ -37,7 +37,6 @@ from typing import Any
 
 import torch
 
-from adacc_compile import compat
 from adacc_compile.config import AdaccConfig
 from adacc_compile.models import GPT, GPTConfig, count_parameters, init_weights
 from adacc_compile.partitioner import AdaccPartitioner
@@ -60,7 +59,7 @@ def make_step_fn(model: torch.nn.Module, variant: str, args: argparse.Namespace)
     if variant.endswith("_compress_only"):
         options["allow_recompute"] = False
     partitioner = AdaccPartitioner(AdaccConfig.from_options(options))
-    fn = torch.compile(model, backend=lambda gm, ex: compat.eager_aot_compile(gm, ex, partitioner))
+    fn = torch.compile(model, backend=partitioner.backend(eager=True))
     return fn, partitioner
 
 

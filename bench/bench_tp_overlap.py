@@ -107,16 +107,9 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, args: dict) -> 
 def _compile(model, backend: str, options: dict):
     from adacc_compile.config import AdaccConfig
     from adacc_compile.partitioner import AdaccPartitioner
-    from adacc_compile import compat
 
     partitioner = AdaccPartitioner(AdaccConfig.from_options(options))
-
-    def backend_fn(gm, example_inputs):
-        if backend == "adacc":
-            return compat.inductor_compile(gm, example_inputs, {"custom_partitioner_fn": partitioner})
-        return compat.eager_aot_compile(gm, example_inputs, partitioner)
-
-    return torch.compile(model, backend=backend_fn), partitioner
+    return torch.compile(model, backend=partitioner.backend(eager=backend != "adacc")), partitioner
 
 
 def _step(model, compiled, batch) -> float:

@@ -44,7 +44,7 @@ from .annotate import annotation
 from .device_profile import BUILTIN_PROFILES, DeviceProfile
 from .plan_problem import CompressOption
 
-ACCURACY_ERROR_CAP = {"lossless": 0.0, "balanced": 0.05, "aggressive": 0.2}
+ACCURACY_ERROR_CAP = {"lossless": 0.0, "balanced": 0.02, "aggressive": 0.2}
 
 
 def allowed_codecs(accuracy: str, names: tuple[str, ...] | None) -> list[Codec]:

@@ -2,7 +2,10 @@
 
 Reads: the plan (COMPRESS decisions with their codec) and the forward and
 backward graphs the split produced with every compressed value *saved*.
-Writes: new forward and backward graphs (the inputs are copied, not mutated).
+Writes: the forward and backward graphs in place. They are the fresh
+modules the split made for this plan attempt (nothing else refers to them),
+so copying them first only cost time: a deep copy of a 32-layer graph took
+longer than planning it.
 
 For a compressed value ``v`` (codec ``c``):
 
@@ -23,7 +26,6 @@ which is all AOTAutograd's runtime relies on.
 
 from __future__ import annotations
 
-import copy
 import operator
 
 import torch
@@ -46,8 +48,7 @@ def apply_compression(
     compressed = {n: c.codec for n, c in solution.choices.items() if c.decision is Decision.COMPRESS}
     if not compressed:
         return fw_module, bw_module
-    fw = fx.GraphModule(fw_module, copy.deepcopy(fw_module.graph))
-    bw = fx.GraphModule(bw_module, copy.deepcopy(bw_module.graph))
+    fw, bw = fw_module, bw_module
     fw_nodes = {n.name: n for n in fw.graph.nodes}
     bw_inputs = {n.name: n for n in bw.graph.nodes if n.op == "placeholder"}
     output = next(n for n in fw.graph.nodes if n.op == "output")

@@ -6,7 +6,6 @@ from typing import Any, Callable
 
 import torch
 
-from adacc_compile import compat
 from adacc_compile.config import AdaccConfig
 from adacc_compile.models import GPT, MLP, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
 from adacc_compile.partitioner import AdaccPartitioner
@@ -18,13 +17,8 @@ def compile_with_reports(
     """``torch.compile`` through the same code path as ``backend=...``, keeping
     a handle on the partitioner so tests can read its reports."""
     partitioner = AdaccPartitioner(AdaccConfig.from_options(options))
-
-    def backend_fn(gm, example_inputs):
-        if backend == "adacc":
-            return compat.inductor_compile(gm, example_inputs, {"custom_partitioner_fn": partitioner})
-        return compat.eager_aot_compile(gm, example_inputs, partitioner)
-
-    return torch.compile(model, backend=backend_fn, **compile_kwargs), partitioner
+    eager = {"adacc": False, "adacc_eager": True}[backend]
+    return torch.compile(model, backend=partitioner.backend(eager=eager), **compile_kwargs), partitioner
 
 
 def loss_and_grads(model: torch.nn.Module, fn: Callable[..., torch.Tensor], *args, seed: int = 1):

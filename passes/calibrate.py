@@ -1,0 +1,255 @@
+"""Calibrate pass: codec statistics from real activations (issue 4).
+
+Reads: the joint graph, its forward nodes, the candidates with their compress
+options, and real values for the primal inputs (the batch and parameters the
+backend is compiling for: Dynamo hands real tensors to the backend, while the
+partitioner itself only ever sees fake ones). Writes nothing on the graph;
+returns a `Calibration` and, through `calibrated_candidates`, a problem whose
+compress options carry the error *measured* on this model's activations.
+
+Why: a codec's declared ``error_bound`` comes from synthetic and
+activation-like test inputs. A real model can hold values the codec handles
+worse (heavier outliers, a skew that wastes half of a symmetric range, a
+softmax that is not peaked). The forward is run once on the real inputs;
+every lossy option of every candidate is round-tripped on its real value
+(`Codec.calibrate`); an option whose measured error exceeds the codec's
+declared bound is dropped before the MILP sees it, and the statistics
+(error, SQNR, abs max, outlier channels) go into the plan and ``plan.json``.
+
+When there are no real inputs (planning under fake tensors, e.g. the
+LLM-scale benchmark), or the inputs do not line up with the graph's primals,
+or the forward mutates something, the declared bounds are used unchanged
+and the summary says why.
+
+The run does not change training: it is under ``no_grad``, on the real
+inputs without mutating them, with the RNG state saved and restored, and
+each intermediate is freed after its last forward use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+
+from adacc_compile import compat
+from adacc_compile.kernels import CodecStats, get_codec
+
+from .candidates import CandidateSet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptionCalibration:
+    """One codec measured on one candidate's real value."""
+
+    value: str
+    codec: str
+    stats: CodecStats | None
+    """None when the codec failed on the value."""
+    declared_bound: float
+    accepted: bool
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"codec": self.codec, "accepted": self.accepted, "declared_bound": self.declared_bound}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.stats is not None:
+            out["relative_error"] = _finite_or_str(self.stats.relative_error)
+            out["abs_max"] = _finite_or_str(self.stats.abs_max)
+            out["outlier_channels"] = list(self.stats.outlier_channels)
+            out["outlier_fraction"] = self.stats.outlier_fraction
+            out.update({k: _finite_or_str(v) for k, v in self.stats.extra.items()})
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    used: bool
+    reason: str
+    """Why calibration did not run (empty when it did)."""
+    options: dict[str, dict[str, OptionCalibration]] = field(default_factory=dict)
+    """Candidate name -> codec -> measurement."""
+    seconds: float = 0.0
+
+    @property
+    def rejected(self) -> list[OptionCalibration]:
+        return [o for per in self.options.values() for o in per.values() if not o.accepted]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "used": self.used,
+            "reason": self.reason,
+            "values": len(self.options),
+            "options_measured": sum(len(v) for v in self.options.values()),
+            "rejected": [f"{o.value}:{o.codec}" for o in self.rejected],
+            "seconds": self.seconds,
+        }
+
+
+def not_calibrated(reason: str) -> Calibration:
+    return Calibration(used=False, reason=reason)
+
+
+def calibrate_candidates(
+    gm: fx.GraphModule,
+    info: compat.JointGraphInfo,
+    candidates: CandidateSet,
+    real_inputs: Sequence[Any] | None,
+) -> Calibration:
+    """Measures every lossy compress option on the real forward values."""
+    lossy = {
+        c.name: [o.codec for o in c.compress if not get_codec(o.codec).lossless]
+        for c in candidates.problem.candidates
+    }
+    lossy = {name: codecs for name, codecs in lossy.items() if codecs}
+    if not lossy:
+        return not_calibrated("no lossy codec options")
+    if real_inputs is None:
+        return not_calibrated("no real inputs (planned under fake tensors)")
+    primals = [n for n in gm.graph.nodes if n.op == "placeholder" and compat.is_primal(n)]
+    mismatch = _input_mismatch(primals, real_inputs)
+    if mismatch:
+        return not_calibrated(mismatch)
+    forward = [n for n in gm.graph.nodes if n in info.forward_nodes and n.op != "placeholder"]
+    mutating = next((n for n in forward if compat.is_mutating(n)), None)
+    if mutating is not None:
+        return not_calibrated(f"the forward mutates state ({mutating.target})")
+    start = time.perf_counter()
+    wanted = {candidates.nodes[name]: codecs for name, codecs in lossy.items()}
+    results: dict[str, dict[str, OptionCalibration]] = {}
+
+    def visit(node: fx.Node, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            results[node.name] = {codec: _measure(node.name, codec, value) for codec in wanted[node]}
+
+    try:
+        _run_forward(gm, primals, real_inputs, forward, wanted, visit)
+    except Exception as exc:  # noqa: BLE001 - any failure falls back to the declared bounds
+        log.warning("adacc: codec calibration failed (%s: %s); using declared codec bounds", type(exc).__name__, exc)
+        return not_calibrated(f"forward failed: {type(exc).__name__}: {exc}")
+    return Calibration(used=True, reason="", options=results, seconds=time.perf_counter() - start)
+
+
+def calibrated_candidates(candidates: CandidateSet, calibration: Calibration) -> CandidateSet:
+    """The candidates with rejected options removed and measured errors set."""
+    if not calibration.used:
+        return candidates
+    new = []
+    for cand in candidates.problem.candidates:
+        measured = calibration.options.get(cand.name, {})
+        options = []
+        for option in cand.compress:
+            m = measured.get(option.codec)
+            if m is None:
+                options.append(option)
+            elif m.accepted and m.stats is not None:
+                options.append(dataclasses.replace(option, error=m.stats.relative_error))
+        new.append(dataclasses.replace(cand, compress=tuple(options)))
+    problem = dataclasses.replace(candidates.problem, candidates=tuple(new))
+    return CandidateSet(problem=problem, nodes=candidates.nodes)
+
+
+def _measure(value: str, codec_name: str, x: torch.Tensor) -> OptionCalibration:
+    codec = get_codec(codec_name)
+    try:
+        stats = codec.calibrate([x])
+    except Exception as exc:  # noqa: BLE001 - a codec that fails here is simply not offered
+        return OptionCalibration(
+            value=value, codec=codec_name, stats=None, declared_bound=codec.error_bound,
+            accepted=False, reason=f"{type(exc).__name__}: {exc}",
+        )
+    error = stats.relative_error
+    accepted = math.isfinite(error) and error <= codec.error_bound
+    reason = "" if accepted else f"measured error {error:.4g} > declared bound {codec.error_bound}"
+    return OptionCalibration(
+        value=value, codec=codec_name, stats=stats, declared_bound=codec.error_bound,
+        accepted=accepted, reason=reason,
+    )
+
+
+def _input_mismatch(primals: list[fx.Node], real_inputs: Sequence[Any]) -> str:
+    if len(primals) != len(real_inputs):
+        return f"{len(real_inputs)} real inputs for {len(primals)} graph inputs"
+    for node, real in zip(primals, real_inputs):
+        fake = node.meta.get("val")
+        if not isinstance(fake, torch.Tensor):
+            return f"input {node.name} is not a tensor (symbolic shapes are not calibrated)"
+        if not isinstance(real, torch.Tensor) or compat.is_fake(real):
+            return f"input {node.name} has no real value"
+        if any(not isinstance(s, int) for s in fake.shape):
+            return f"input {node.name} has a symbolic shape"
+        if tuple(fake.shape) != tuple(real.shape) or fake.dtype != real.dtype:
+            return f"input {node.name}: graph expects {tuple(fake.shape)} {fake.dtype}, got {tuple(real.shape)} {real.dtype}"
+    return ""
+
+
+def _run_forward(
+    gm: fx.GraphModule,
+    primals: list[fx.Node],
+    real_inputs: Sequence[Any],
+    forward: list[fx.Node],
+    wanted: dict[fx.Node, list[str]],
+    visit: Any,
+) -> None:
+    """Runs the forward nodes that the wanted values depend on, in graph
+    order, calling ``visit(node, value)`` for each wanted one; a value is
+    dropped after its last use in this run."""
+    needed = _ancestors(wanted)
+    order = [n for n in forward if n in needed]
+    last_use: dict[fx.Node, int] = {}
+    for i, node in enumerate(order):
+        for arg in node.all_input_nodes:
+            last_use[arg] = i
+    env: dict[fx.Node, Any] = {}
+    inputs = set(primals)
+    devices = sorted({t.device.index or 0 for t in real_inputs if isinstance(t, torch.Tensor) and t.is_cuda})
+    with compat.real_tensors(), torch.no_grad(), torch.random.fork_rng(devices=devices):
+        for node, real in zip(primals, real_inputs):
+            env[node] = real.detach()
+        for i, node in enumerate(order):
+            args, kwargs = fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
+            if node.op == "call_function":
+                env[node] = node.target(*args, **kwargs)
+            elif node.op == "get_attr":
+                env[node] = _get_attr(gm, str(node.target))
+            else:
+                raise RuntimeError(f"unexpected {node.op} node {node.name} in the forward")
+            if node in wanted:
+                visit(node, env[node])
+            for arg in node.all_input_nodes:
+                if last_use.get(arg) == i and arg not in inputs:
+                    env.pop(arg, None)
+            if node not in last_use:
+                env.pop(node, None)
+
+
+def _ancestors(nodes: dict[fx.Node, Any]) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.extend(node.all_input_nodes)
+    return seen
+
+
+def _get_attr(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _finite_or_str(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)

@@ -1,0 +1,135 @@
+"""Codec calibration on real activations (issue 4): the backend's real inputs
+reach the partitioner, every lossy option is measured, options over their
+codec's declared bound are dropped, statistics land in the plan, and the run
+changes nothing about training (RNG, inputs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adacc_compile.kernels import get_codec
+from adacc_compile.partitioner import AdaccPartitioner
+from adacc_compile.config import AdaccConfig
+from adacc_compile.passes.calibrate import _input_mismatch, calibrate_candidates
+from adacc_test_utils import build, compile_with_reports, loss_and_grads
+
+AGGRESSIVE = {"memory_budget": 0.25, "accuracy": "aggressive", "device_profile": "h100"}
+
+
+def _compile_and_run(options, backend="adacc_eager", model_name="gpt"):
+    model, batch = build(model_name)
+    compiled, partitioner = compile_with_reports(model, backend, options)
+    result = loss_and_grads(model, compiled, *batch)
+    return partitioner.reports[-1], result
+
+
+@pytest.mark.parametrize("backend", ["adacc_eager", "adacc"])
+def test_plan_records_measured_statistics_within_bounds(backend):
+    report, _ = _compile_and_run(AGGRESSIVE, backend)
+    calibration = report["summary"]["calibration"]
+    assert calibration["used"], calibration["reason"]
+    assert calibration["options_measured"] >= calibration["values"] > 0
+    compressed = [r for r in report["plan"] if r["decision"] == "compress"]
+    lossy = [r for r in compressed if not get_codec(r["codec"]).lossless]
+    assert lossy, "the plan compresses something lossy at this budget"
+    for record in lossy:
+        measured = record["calibration"]
+        assert measured is not None and measured["accepted"], record["name"]
+        assert measured["codec"] == record["codec"]
+        assert 0 < measured["relative_error"] <= record["codec_error_bound"]
+        assert measured["abs_max"] > 0
+
+
+def test_option_over_its_declared_bound_is_not_offered(monkeypatch):
+    int8 = get_codec("int8_outlier")
+    baseline, _ = _compile_and_run({**AGGRESSIVE, "accuracy": "balanced"})
+    assert baseline["summary"]["codecs"].get("int8_outlier"), "int8 is chosen when trusted"
+    monkeypatch.setattr(int8, "error_bound", 1e-6)  # no real activation round-trips this well
+    report, _ = _compile_and_run({**AGGRESSIVE, "accuracy": "balanced"})
+    rejected = report["summary"]["calibration"]["rejected"]
+    assert rejected and all(item.endswith(":int8_outlier") for item in rejected)
+    assert "int8_outlier" not in report["summary"]["codecs"]
+
+
+def test_calibration_off_or_without_real_inputs_trusts_declared_bounds():
+    off, _ = _compile_and_run({**AGGRESSIVE, "calibrate_codecs": False})
+    assert off["summary"]["calibration"] == {
+        "used": False, "reason": "off (calibrate_codecs=False)", "values": 0,
+        "options_measured": 0, "rejected": [], "seconds": 0.0,
+    }
+    assert off["summary"]["codecs"], "the declared bounds still allow compression"
+    model, batch = build("gpt")
+    partitioner = AdaccPartitioner(AdaccConfig.from_options(AGGRESSIVE))
+    # AOTAutograd straight to the partitioner: it never sees real inputs.
+    from adacc_compile import compat
+
+    compiled = torch.compile(model, backend=lambda gm, ex: compat.eager_aot_compile(gm, ex, partitioner))
+    loss_and_grads(model, compiled, *batch)
+    summary = partitioner.reports[-1]["summary"]
+    assert summary["calibration"]["reason"] == "no real inputs (planned under fake tensors)"
+    assert partitioner.real_inputs is None
+
+
+def test_lossless_plans_skip_calibration():
+    report, _ = _compile_and_run({"memory_budget": 0.25, "accuracy": "lossless", "device_profile": "h100"})
+    assert report["summary"]["calibration"]["reason"] == "no lossy codec options"
+
+
+def test_calibration_leaves_training_unchanged():
+    """Same RNG stream (the GPT has dropout) and same parameters: a plan made
+    with calibration trains exactly like the same plan made without it."""
+    options = {**AGGRESSIVE, "accuracy": "balanced"}
+    on, (loss_on, grads_on) = _compile_and_run(options)
+    torch._dynamo.reset()
+    off, (loss_off, grads_off) = _compile_and_run({**options, "calibrate_codecs": False})
+    assert on["summary"]["calibration"]["used"] and not on["summary"]["calibration"]["rejected"]
+    assert [r["decision"] for r in on["plan"]] == [r["decision"] for r in off["plan"]]
+    torch.testing.assert_close(loss_on, loss_off, rtol=0, atol=0)
+    for name in grads_on:
+        torch.testing.assert_close(grads_on[name], grads_off[name], rtol=0, atol=0)
+
+
+def test_calibration_run_restores_the_rng_state():
+    captured = {}
+
+    class Spy(AdaccPartitioner):
+        def __call__(self, gm, joint_inputs, **kwargs):
+            captured["before"] = torch.get_rng_state()
+            out = super().__call__(gm, joint_inputs, **kwargs)
+            captured["after"] = torch.get_rng_state()
+            return out
+
+    model, batch = build("gpt")
+    partitioner = Spy(AdaccConfig.from_options(AGGRESSIVE))
+    compiled = torch.compile(model, backend=partitioner.backend(eager=True))
+    loss_and_grads(model, compiled, *batch)
+    assert partitioner.reports[-1]["summary"]["calibration"]["used"]
+    assert torch.equal(captured["before"], captured["after"])
+
+
+def test_inputs_that_do_not_match_the_graph_are_refused():
+    import torch.fx as fx
+
+    graph = fx.Graph()
+    x = graph.placeholder("primals_1")
+    x.meta["val"] = torch.empty(4, 8)
+    graph.output((x,))
+    assert _input_mismatch([x], [torch.zeros(4, 8)]) == ""
+    assert "graph expects (4, 8)" in _input_mismatch([x], [torch.zeros(4, 9)])
+    assert "1 real inputs for 2" in _input_mismatch([x, x], [torch.zeros(4, 8)])
+    assert _input_mismatch([x], [3]) == "input primals_1 has no real value"
+    from torch._subclasses import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.zeros(4, 8))
+    assert _input_mismatch([x], [fake]) == "input primals_1 has no real value"
+
+
+def test_calibrate_candidates_without_lossy_options_does_nothing():
+    from adacc_compile.passes.candidates import CandidateSet
+    from adacc_compile.passes.plan_problem import PlanProblem
+
+    empty = CandidateSet(problem=PlanProblem(candidates=()), nodes={})
+    result = calibrate_candidates(None, None, empty, [torch.zeros(1)])  # type: ignore[arg-type]
+    assert not result.used and result.reason == "no lossy codec options"
