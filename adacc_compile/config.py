@@ -125,9 +125,10 @@ class AdaccConfig:
     """Budget below the reachable minimum: "warn" (use the minimum-memory plan
     and warn with the reachable minimum) or "error" (raise)."""
 
-    accuracy: str = "lossless"
+    accuracy: str = "balanced"
     """Which codecs the planner may use: "lossless" (recompute and lossless
-    codecs only), "balanced", "aggressive"."""
+    codecs only), "balanced" (+ int8_outlier), "aggressive" (+ fp8, int4,
+    softmax_u8, few-bit activations); see `passes.codec_options`."""
 
     calibrate_codecs: bool = True
     """Measure each lossy codec on this model's real activations (one extra

@@ -108,12 +108,55 @@ def _insert_decompress(graph: fx.Graph, saved: fx.Node, payload: list[fx.Node], 
             name=f"{saved.name}_{codec.name}_restored",
         )
     restored.meta["val"] = codec.decompress_op([p.meta["val"] for p in inputs], shape, fake.dtype)
+    if codec.decompress_kind is DecompressKind.VALUE:
+        restored = _restore_layout(graph, restored, fake)
     if codec.decompress_kind is DecompressKind.DERIVATIVE:
         for reader in readers:
             _replace_activation_backward(graph, reader, restored)
     else:
         saved.replace_all_uses_with(restored)
     graph.erase_node(saved)
+
+
+def physical_order(val: torch.Tensor) -> list[int] | None:
+    """Dims from outermost to innermost in memory, for a dense,
+    non-overlapping tensor (None otherwise); the identity when contiguous."""
+    dims = list(range(val.dim()))
+    order = sorted(dims, key=lambda d: -int(val.stride(d)))
+    expected = 1
+    for d in reversed(order):
+        if val.shape[d] != 1 and int(val.stride(d)) != expected:
+            return None
+        expected *= int(val.shape[d])
+    return order
+
+
+def _restore_layout(graph: fx.Graph, restored: fx.Node, fake: torch.Tensor) -> fx.Node:
+    """Decompression yields a contiguous tensor; a value saved with another
+    dense layout (e.g. attention output before its transpose back) gets that
+    layout back, so that views the backward takes of it stay legal."""
+    if fake.is_contiguous():
+        return restored
+    order = physical_order(fake)
+    if order is None:
+        raise ValueError(f"cannot restore the layout of {restored.name}: not dense (stride {fake.stride()})")
+    inverse = [order.index(d) for d in range(len(order))]
+    aten = torch.ops.aten
+    val = restored.meta["val"]
+    nodes = []
+    anchor = restored
+    for target, args in (
+        (aten.permute.default, (order,)),
+        (aten.clone.default, ()),
+        (aten.permute.default, (inverse,)),
+    ):
+        with graph.inserting_after(anchor):
+            node = graph.call_function(target, (anchor, *args), {"memory_format": torch.contiguous_format} if target is aten.clone.default else {})
+        val = target(val, *args, **node.kwargs)
+        node.meta["val"] = val
+        nodes.append(node)
+        anchor = node
+    return nodes[-1]
 
 
 def _replace_activation_backward(graph: fx.Graph, node: fx.Node, derivative: fx.Node) -> None:

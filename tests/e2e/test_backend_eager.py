@@ -20,7 +20,9 @@ def test_matches_eager(name, budget):
     forward draws them once, in eager order, and saves them."""
     model, batch = build(name)
     expected = loss_and_grads(model, model, *batch)
-    compiled, partitioner = compile_with_reports(model, "adacc_eager", {"memory_budget": budget})
+    compiled, partitioner = compile_with_reports(
+        model, "adacc_eager", {"memory_budget": budget, "accuracy": "lossless"}
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         actual = loss_and_grads(model, compiled, *batch)
@@ -113,7 +115,7 @@ def test_registered_planners_run_and_match_eager(planner):
     model, batch = build("llama")
     expected = loss_and_grads(model, model, *batch)
     compiled, partitioner = compile_with_reports(
-        model, "adacc_eager", {"memory_budget": 0.5, "planner": planner}
+        model, "adacc_eager", {"memory_budget": 0.5, "planner": planner, "accuracy": "lossless"}
     )
     assert_same(expected, loss_and_grads(model, compiled, *batch), atol=1e-6, rtol=1e-5)
     summary = partitioner.reports[-1]["summary"]
@@ -126,7 +128,7 @@ def test_registered_planners_run_and_match_eager(planner):
 def test_dynamic_shapes_compile_and_match():
     model, _ = build("mlp")
     compiled, partitioner = compile_with_reports(
-        model, "adacc_eager", {"memory_budget": 0.5}, dynamic=True
+        model, "adacc_eager", {"memory_budget": 0.5, "accuracy": "lossless"}, dynamic=True
     )
     for batch_size in (8, 13):
         gen = torch.Generator().manual_seed(batch_size)
@@ -138,3 +140,16 @@ def test_dynamic_shapes_compile_and_match():
             rtol=1e-5,
         )
     assert partitioner.reports, "the partitioner ran on the dynamic graph"
+
+
+def test_default_accuracy_is_balanced_and_close_to_eager():
+    """Default options may compress with int8_outlier (declared error 1.5%)
+    at a tight budget: loss and gradients stay close to eager, and only
+    lossless codecs or int8_outlier are used."""
+    model, batch = build("gpt")
+    expected = loss_and_grads(model, model, *batch)
+    compiled, partitioner = compile_with_reports(model, "adacc_eager", {"memory_budget": 0.2})
+    actual = loss_and_grads(model, compiled, *batch)
+    summary = partitioner.reports[-1]["summary"]
+    assert set(summary["codecs"]) <= {"bitmask", "int8_outlier"}
+    assert_same(expected, actual, atol=1e-3, rtol=5e-2)

@@ -130,3 +130,33 @@ def test_verify_rejects_compress_without_decompress():
             solution=PlanSolution(choices={}, status="optimal", solver="test"),
             forward_names={"x", "gt", "mask_packed", "mask_payload_0", "sum_1"}, num_fwd_outputs=1,
         )
+
+
+def test_physical_order_of_dense_layouts():
+    from adacc_compile.passes.compress_rewrite import physical_order
+
+    x = torch.empty(2, 3, 4, 5)
+    assert physical_order(x) == [0, 1, 2, 3]
+    assert physical_order(x.transpose(1, 2)) == [0, 2, 1, 3]
+    assert physical_order(x.permute(3, 0, 2, 1)) == [1, 3, 2, 0]
+    assert physical_order(torch.empty(4, 1).expand(4, 6)) is None  # stride 0: not dense
+    assert physical_order(x[:, :, :, ::2]) is None  # strided slice: gaps
+
+
+@pytest.mark.parametrize("backend", ["adacc_eager", "adacc"])
+def test_compressed_permuted_value_gets_its_layout_back(backend):
+    """Attention output is saved as (b, h, t, d) in (b, t, h, d) memory; the
+    backward transposes it back and takes a view, legal only in that layout.
+    Compress-only planning compresses it; decompression must restore it.
+    (Head dim 32: the CPU flash kernel returns that permuted layout.)"""
+    cfg = GPTConfig(n_layer=2, d_model=128, n_head=4, seq_len=16, vocab_size=64, dropout=0.0)
+    model = init_weights(GPT(cfg))
+    batch = gpt_batch(cfg, 2, torch.Generator().manual_seed(0))
+    expected = loss_and_grads(model, model, *batch)
+    compiled, partitioner = compile_with_reports(
+        model, backend,
+        {"memory_budget": 0.3, "accuracy": "balanced", "allow_recompute": False, "device_profile": "h100"},
+    )
+    actual = loss_and_grads(model, compiled, *batch)
+    assert codecs_used(partitioner).get("int8_outlier", 0) > 0
+    assert_same(expected, actual, atol=1e-3, rtol=5e-2)
