@@ -137,6 +137,32 @@ class Codec:
     def calibrate(self, samples: Sequence[torch.Tensor]) -> CodecStats:
         raise NotImplementedError
 
+    def compress_workspace_nbytes(
+        self, shape: Sequence[int], dtype: torch.dtype, device_type: str
+    ) -> int:
+        """Upper bound of the bytes compress allocates and frees again inside one call.
+
+        Why: the memory simulator counts each node's outputs, but a codec op
+        may need scratch tensors while it runs (the torch reference on CPU
+        works on a float32 copy of ``x``, for instance). They raise the peak
+        without being part of the live set afterwards, so the simulator adds
+        them at the compress node only. The bound is for the implementation
+        that runs on ``device_type`` ("cpu" or "cuda", see `KernelChoice`),
+        for an input of ``shape`` and ``dtype`` that is contiguous (a
+        non-contiguous one may add one copy of itself). Measured as the peak
+        allocated during the call minus the input and the payload.
+
+        The default, 0, suits codecs whose kernels write the payload directly.
+        """
+        return 0
+
+    def decompress_workspace_nbytes(
+        self, shape: Sequence[int], dtype: torch.dtype, device_type: str
+    ) -> int:
+        """Like `compress_workspace_nbytes`, for decompressing a payload of a
+        value of ``shape`` and ``dtype`` (the payload and the result excluded)."""
+        return 0
+
     def cost_seconds(
         self, shape: Sequence[int], dtype: torch.dtype, bandwidth_bytes_per_s: float
     ) -> float:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -55,17 +56,22 @@ __all__ = [
     "OP_NAMESPACE",
     "OpCodec",
     "PayloadSpec",
+    "Workspace",
     "check_input",
     "check_output_dtype",
     "check_payload",
     "check_shape",
     "error_stats",
+    "float32_result_scratch",
+    "float32_scratch",
     "is_interpreted",
     "launch",
     "numel_of",
     "register_codec_ops",
+    "register_dispatched_ops",
     "require_triton",
     "rne_cast",
+    "runs_triton",
     "spec_nbytes",
     "tl",
     "triton_available",
@@ -174,6 +180,19 @@ def use_triton(x: torch.Tensor, choice: KernelChoice | None = None) -> bool:
                 "runs on real data only; use ADACC_KERNELS=auto under torch.compile on CPU"
             )
     return True
+
+
+def runs_triton(device_type: str, choice: KernelChoice | None = None) -> bool:
+    """Whether calls on ``device_type`` tensors will run Triton (`use_triton`
+    without a tensor), for planning: e.g. which workspace a node will need.
+
+    Unlike `use_triton` it never raises: a forced TRITON that cannot run
+    fails later, at the call.
+    """
+    choice = kernel_choice_from_env() if choice is None else choice
+    if choice is KernelChoice.AUTO:
+        return device_type == "cuda" and triton_available()
+    return choice is KernelChoice.TRITON
 
 
 def require_triton(x: torch.Tensor, *kernels: object) -> None:
@@ -328,6 +347,27 @@ def numel_of(shape: Sequence[Any]) -> Any:
     return n
 
 
+def float32_scratch(shape: Sequence[int]) -> int:
+    """Bytes of one float32 tensor of ``shape``: the owned copy that most torch
+    references scale, clamp and round in place."""
+    return 4 * int(numel_of(shape))
+
+
+def float32_result_scratch(shape: Sequence[int], dtype: torch.dtype) -> int:
+    """Scratch of a decompress that builds its result in float32, patches it
+    with one bool mask at a time, then casts it to ``dtype``.
+
+    For float32 the buffer is the result and only a mask is scratch; for
+    other dtypes the buffer (with a mask, or with the cast result beside it)
+    is, minus the result itself.
+    """
+    numel = int(numel_of(shape))
+    buffer, mask, result = 4 * numel, numel, numel * dtype.itemsize
+    if dtype == torch.float32:
+        return mask
+    return max(buffer + mask - result, buffer)
+
+
 def spec_nbytes(spec: PayloadSpec) -> int:
     """Total bytes of the tensors a payload spec describes."""
     return sum(
@@ -427,6 +467,61 @@ def register_codec_ops(
     return compress_op, decompress_op
 
 
+CompressFn = Callable[[torch.Tensor], list[torch.Tensor]]
+DecompressFn = Callable[[Sequence[torch.Tensor], Sequence[Any], torch.dtype], torch.Tensor]
+
+
+def register_dispatched_ops(
+    codec: str,
+    *,
+    dtypes: Sequence[torch.dtype],
+    payload_spec: Callable[[Sequence[Any], torch.dtype], PayloadSpec],
+    torch_impl: tuple[CompressFn, DecompressFn],
+    triton_impl: tuple[CompressFn, DecompressFn],
+    out_dtype: Callable[[torch.dtype], torch.dtype] | None = None,
+) -> tuple[Any, Any]:
+    """`register_codec_ops` for the usual codec: validate, then run Triton or
+    the torch reference, chosen per call by `use_triton`.
+
+    Args:
+        codec: Codec name; becomes the op-name prefix.
+        dtypes: Input dtypes compress accepts, and the dtypes decompress
+            may be asked for.
+        payload_spec: As for `register_codec_ops`.
+        torch_impl: (compress, decompress) of the torch reference.
+        triton_impl: (compress, decompress) of the Triton kernels.
+        out_dtype: As for `register_codec_ops`.
+
+    Returns:
+        The two op objects, compress first.
+    """
+    torch_compress, torch_decompress = torch_impl
+    triton_compress, triton_decompress = triton_impl
+
+    def compress(x: torch.Tensor) -> list[torch.Tensor]:
+        check_input(x, codec=codec, dtypes=dtypes)
+        return triton_compress(x) if use_triton(x) else torch_compress(x)
+
+    def decompress(payload: list[torch.Tensor], shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+        check_output_dtype(dtype, codec=codec, dtypes=dtypes)
+        check_payload(payload, payload_spec(check_shape(shape, codec=codec), dtype), codec=codec)
+        if use_triton(payload[0]):
+            return triton_decompress(payload, shape, dtype)
+        return torch_decompress(payload, shape, dtype)
+
+    return register_codec_ops(
+        codec, compress=compress, decompress=decompress, payload_spec=payload_spec, out_dtype=out_dtype
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    """Scratch bytes of one implementation: compress and decompress."""
+
+    compress: int = 0
+    decompress: int = 0
+
+
 class OpCodec(Codec):
     """A `Codec` backed by its two custom ops and a payload spec.
 
@@ -443,6 +538,24 @@ class OpCodec(Codec):
 
     def compressed_nbytes(self, shape: Sequence[int], dtype: torch.dtype) -> int:
         return spec_nbytes(self.payload_spec(tuple(int(s) for s in shape), dtype))
+
+    def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:
+        """Scratch bytes of the Triton kernels (``triton``) or of the torch
+        reference, for a contiguous input; see
+        `Codec.compress_workspace_nbytes`. Default: none."""
+        return Workspace()
+
+    def compress_workspace_nbytes(
+        self, shape: Sequence[int], dtype: torch.dtype, device_type: str
+    ) -> int:
+        shape = tuple(int(s) for s in shape)
+        return self.workspace(shape, dtype, triton=runs_triton(device_type)).compress
+
+    def decompress_workspace_nbytes(
+        self, shape: Sequence[int], dtype: torch.dtype, device_type: str
+    ) -> int:
+        shape = tuple(int(s) for s in shape)
+        return self.workspace(shape, dtype, triton=runs_triton(device_type)).decompress
 
     def compress(self, x: torch.Tensor) -> Packed:
         # Compression stores a value for backward; it is never differentiated.
