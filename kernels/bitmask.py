@@ -21,23 +21,25 @@ from .codec import ApplyQuery, CodecStats
 from .oplib import (
     OpCodec,
     PayloadSpec,
+    Workspace,
     check_input,
     check_output_dtype,
     check_payload,
     check_shape,
     launch,
     numel_of,
-    register_codec_ops,
+    register_dispatched_ops,
     require_triton,
     tl,
     triton_jit,
-    use_triton,
 )
 
 NAME = "bitmask"
 _DTYPES = (torch.bool,)
 #: Bytes written per Triton program (8 input elements each).
 _BLOCK_BYTES = 1024
+#: Workspace slack for the tiny tensors (bit weights) of the torch reference.
+_SMALL = 64
 
 
 def bitmask_payload_spec(shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
@@ -67,7 +69,8 @@ def torch_bitmask_compress(x: torch.Tensor) -> list[torch.Tensor]:
     flat = x.reshape(-1).view(torch.uint8)  # reshape copies non-contiguous input once
     n = flat.numel()
     nbytes = (n + 7) // 8
-    bits = F.pad(flat, (0, nbytes * 8 - n)).view(nbytes, 8)
+    # Padding copies the input; only a tail that is not a whole byte needs it.
+    bits = (flat if n % 8 == 0 else F.pad(flat, (0, nbytes * 8 - n))).view(nbytes, 8)
     return [(bits * _bit_weights(x.device)).sum(dim=1, dtype=torch.uint8)]
 
 
@@ -79,7 +82,9 @@ def torch_bitmask_decompress(
     check_output_dtype(dtype, codec=NAME, dtypes=_DTYPES)
     check_payload(payload, bitmask_payload_spec(shape, dtype), codec=NAME)
     packed = payload[0]
-    bits = (packed.unsqueeze(1) & _bit_weights(packed.device)) != 0
+    # ne_ in place keeps the 0/1 bytes in the uint8 buffer, which then is
+    # the bool result: no second tensor of the output's size.
+    bits = (packed.unsqueeze(1) & _bit_weights(packed.device)).ne_(0).view(torch.bool)
     return bits.reshape(-1)[: numel_of(shape)].reshape(shape)
 
 
@@ -144,22 +149,12 @@ def triton_bitmask_decompress(
 # --------------------------------------------------------------------------
 
 
-def _compress(x: torch.Tensor) -> list[torch.Tensor]:
-    check_input(x, codec=NAME, dtypes=_DTYPES)
-    if use_triton(x):
-        return triton_bitmask_compress(x)
-    return torch_bitmask_compress(x)
-
-
-def _decompress(payload: list[torch.Tensor], shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-    check_payload(payload, bitmask_payload_spec(shape, dtype), codec=NAME)
-    if use_triton(payload[0]):
-        return triton_bitmask_decompress(payload, shape, dtype)
-    return torch_bitmask_decompress(payload, shape, dtype)
-
-
-bitmask_compress_op, bitmask_decompress_op = register_codec_ops(
-    NAME, compress=_compress, decompress=_decompress, payload_spec=bitmask_payload_spec
+bitmask_compress_op, bitmask_decompress_op = register_dispatched_ops(
+    NAME,
+    dtypes=_DTYPES,
+    payload_spec=bitmask_payload_spec,
+    torch_impl=(torch_bitmask_compress, torch_bitmask_decompress),
+    triton_impl=(triton_bitmask_compress, triton_bitmask_decompress),
 )
 
 
@@ -176,6 +171,20 @@ class BitmaskCodec(OpCodec):
     def applies(self, query: ApplyQuery) -> bool:
         """Any bool tensor: packing is lossless, so the producer does not matter."""
         return query.dtype == torch.bool
+
+    def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:
+        """Torch reference: compress multiplies the whole bytes by their bit
+        weights (one byte per element, twice when a partial last byte needs
+        a padded copy); decompress only rounds its result up to whole bytes.
+        The kernels need nothing."""
+        if triton:
+            return Workspace()
+        numel = numel_of(shape)
+        whole = (numel + 7) // 8 * 8
+        return Workspace(
+            compress=whole * (1 if numel % 8 == 0 else 2) + _SMALL,
+            decompress=whole - numel + _SMALL,
+        )
 
     def calibrate(self, samples: Sequence[torch.Tensor]) -> CodecStats:
         """Lossless: reports the fraction of True values (density) only."""

@@ -42,31 +42,32 @@ byte j (LSB first), 0.375 bytes per element.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from . import REGISTRY
 from .codec import ApplyQuery, CodecStats, DecompressKind
 from .oplib import (
     OpCodec,
     PayloadSpec,
+    Workspace,
     check_input,
     check_output_dtype,
     check_payload,
     check_shape,
     error_stats,
+    float32_scratch,
     launch,
     numel_of,
-    register_codec_ops,
+    register_dispatched_ops,
     require_triton,
     rne_cast,
     tl,
     triton_jit,
-    use_triton,
 )
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -74,6 +75,8 @@ BITS = 3
 NAN_CODE = 7
 #: Bytes (of each plane) written per Triton program; 8 elements each.
 _BLOCK_BYTES = 256
+#: Workspace slack for the scalars and lookup tables of the torch reference.
+_SMALL = 256
 
 
 def gelu_derivative(x: torch.Tensor) -> torch.Tensor:
@@ -221,35 +224,55 @@ def _f32(v: float) -> float:
 # --------------------------------------------------------------------------
 
 
-def _torch_codes(table: CodeTable, x: torch.Tensor) -> torch.Tensor:
+def _torch_codes(table: CodeTable, x: torch.Tensor, size: int | None = None) -> torch.Tensor:
+    """uint8 codes of ``x`` flattened, zero-padded to ``size`` elements (default: none).
+
+    8-bit codes and in-place updates keep the workspace near one byte per
+    element (plus a float32 copy of a half-precision ``x``: the breakpoints
+    must be compared in float32, as the kernels do).
+    """
     xf = x.reshape(-1).float()
-    code = torch.full_like(xf, table.base, dtype=torch.int32)
+    n = xf.numel()
+    code = torch.zeros(n if size is None else size, dtype=torch.int8, device=x.device)
+    body = code[:n].fill_(table.base)
     for breakpoint, step in zip(table.breakpoints, table.steps):
-        code = code + torch.where(xf >= breakpoint, step, 0).to(torch.int32)
-    return torch.where(xf.isnan(), NAN_CODE, code)
+        body.add_((xf >= breakpoint).view(torch.int8), alpha=step)
+    body.masked_fill_(xf.isnan(), NAN_CODE)
+    return code.view(torch.uint8)  # codes are 0..7
 
 
 def _torch_compress(table: CodeTable, x: torch.Tensor) -> list[torch.Tensor]:
     check_input(x, codec=table.name, dtypes=_DTYPES)
-    code = _torch_codes(table, x)
-    nbytes = (code.numel() + 7) // 8
-    bits = F.pad(code, (0, nbytes * 8 - code.numel())).view(nbytes, 8)
-    shifts = torch.arange(8, dtype=torch.int32, device=x.device)
-    planes = [((bits >> plane) & 1) << shifts for plane in range(BITS)]
-    return [torch.stack(planes).sum(dim=-1, dtype=torch.int32).to(torch.uint8)]
+    nbytes = (x.numel() + 7) // 8
+    bits = _torch_codes(table, x, nbytes * 8).view(nbytes, 8)
+    shifts = torch.arange(8, dtype=torch.uint8, device=x.device)
+    planes = []
+    for plane in range(BITS):  # one shifted copy of the codes at a time
+        word = (bits >> plane).bitwise_and_(1).bitwise_left_shift_(shifts)
+        planes.append(word.sum(dim=-1, dtype=torch.uint8))  # distinct bits: no carry
+        del word
+    return [torch.stack(planes)]
 
 
 def _torch_decompress(
     table: CodeTable, payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
 ) -> torch.Tensor:
     shape = _check_decompress(table, payload, shape, dtype)
-    planes = payload[0].to(torch.int32)
-    shifts = torch.arange(8, dtype=torch.int32, device=planes.device)
-    code = torch.zeros(planes.shape[1], 8, dtype=torch.int32, device=planes.device)
+    planes = payload[0]
+    shifts = torch.arange(8, dtype=torch.uint8, device=planes.device)
+    code = torch.zeros(planes.shape[1], 8, dtype=torch.uint8, device=planes.device)
     for plane in range(BITS):
-        code = code | (((planes[plane].unsqueeze(1) >> shifts) & 1) << plane)
+        code.bitwise_or_((planes[plane].unsqueeze(1) >> shifts).bitwise_and_(1).bitwise_left_shift_(plane))
+    code = code.view(-1)[: numel_of(shape)]
+    # One masked fill per level instead of a gather, whose index would have to
+    # be int32 or int64 (4-8 bytes per element). The levels are rounded from
+    # float32 to ``dtype`` first, as a float32 lookup then .to(dtype) would.
     lookup = torch.tensor(table.levels + (math.nan,), dtype=torch.float32, device=planes.device)
-    return lookup[code.reshape(-1)[: numel_of(shape)]].to(dtype).reshape(shape)
+    lookup = lookup.to(dtype)
+    out = torch.empty(code.numel(), dtype=dtype, device=planes.device).fill_(lookup[NAN_CODE])
+    for level in range(len(table.levels)):
+        out.masked_fill_(code == level, lookup[level])
+    return out.reshape(shape)
 
 
 def torch_fewbit_gelu_compress(x: torch.Tensor) -> list[torch.Tensor]:
@@ -383,18 +406,12 @@ def _check_decompress(
 
 
 def _register(table: CodeTable) -> tuple[Any, Any]:
-    def compress(x: torch.Tensor) -> list[torch.Tensor]:
-        check_input(x, codec=table.name, dtypes=_DTYPES)
-        return _triton_compress(table, x) if use_triton(x) else _torch_compress(table, x)
-
-    def decompress(payload: list[torch.Tensor], shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-        _check_decompress(table, payload, shape, dtype)
-        if use_triton(payload[0]):
-            return _triton_decompress(table, payload, shape, dtype)
-        return _torch_decompress(table, payload, shape, dtype)
-
-    return register_codec_ops(
-        table.name, compress=compress, decompress=decompress, payload_spec=fewbit_payload_spec
+    return register_dispatched_ops(
+        table.name,
+        dtypes=_DTYPES,
+        payload_spec=fewbit_payload_spec,
+        torch_impl=(functools.partial(_torch_compress, table), functools.partial(_torch_decompress, table)),
+        triton_impl=(functools.partial(_triton_compress, table), functools.partial(_triton_decompress, table)),
     )
 
 
@@ -422,6 +439,23 @@ class FewBitCodec(OpCodec):
 
     def payload_spec(self, shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
         return fewbit_payload_spec(shape, dtype)
+
+    def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:
+        """Torch reference, on B = 8 * ceil(numel / 8) one-byte codes: compress
+        holds a float32 copy of a half-precision x, the codes and one bool
+        mask, then the codes, one shifted copy and the three planes;
+        decompress the codes and one shifted copy, then the codes and one
+        mask beside the result. The kernels need nothing."""
+        if triton:
+            return Workspace()
+        numel = numel_of(shape)
+        codes = (numel + 7) // 8 * 8
+        copy = 0 if dtype == torch.float32 else float32_scratch(shape)
+        planes = BITS * codes // 8
+        return Workspace(
+            compress=max(copy + codes + numel, 2 * codes + planes) + _SMALL,
+            decompress=2 * codes + _SMALL,
+        )
 
     def applies(self, query: ApplyQuery) -> bool:
         """Only where the activation's backward is the value's sole reader.

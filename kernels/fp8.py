@@ -30,6 +30,7 @@ an ulp, 2**-4 and 2**-3. Declared bounds: 0.03 and 0.06.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -40,24 +41,28 @@ from .codec import ApplyQuery
 from .oplib import (
     OpCodec,
     PayloadSpec,
+    Workspace,
     check_input,
     check_output_dtype,
     check_payload,
     check_shape,
+    float32_result_scratch,
+    float32_scratch,
     launch,
     numel_of,
-    register_codec_ops,
+    register_dispatched_ops,
     require_triton,
     rne_cast,
     tl,
     triton_jit,
-    use_triton,
 )
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Elements per Triton program tile (rows x columns).
 _TILE = 2048
 _MAX_BLOCK_COLS = 1024
+#: Workspace slack for the scalars of the torch reference.
+_SMALL = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,17 +145,18 @@ def torch_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
     if x.numel() == 0:
         return [torch.empty(x.shape, dtype=torch.uint8, device=x.device),
                 torch.ones(rows, dtype=torch.float32, device=x.device)]
-    x2 = x.reshape(rows, cols).float()
-    finite = torch.isfinite(x2)
-    amax = torch.where(finite, x2.abs(), 0).amax(dim=1)
+    x2 = x.reshape(rows, cols)
+    # One owned float32 copy, zeroed where x is not finite and scaled in
+    # place; the codes of non-finite values are then filled in from x.
+    v = x2.to(torch.float32, copy=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+    low, high = torch.aminmax(v, dim=1)
+    amax = torch.maximum(high, low.neg_()).abs_()  # max |v|; abs() turns -0.0 into 0.0
     s = _scale_exponent(amax, fmt)
-    v = torch.where(finite, x2, 0) * _pow2(-s)[:, None]
-    codes = v.to(fmt.torch_dtype).view(torch.uint8)
-    codes = (
-        codes.masked_fill(torch.isnan(x2), fmt.nan_code)
-        .masked_fill(x2 == float("inf"), fmt.pos_inf_code)
-        .masked_fill(x2 == float("-inf"), fmt.neg_inf_code)
-    )
+    codes = v.mul_(_pow2(-s)[:, None]).to(fmt.torch_dtype).view(torch.uint8)
+    del v
+    codes.masked_fill_(torch.isnan(x2), fmt.nan_code)
+    codes.masked_fill_(torch.isposinf(x2), fmt.pos_inf_code)
+    codes.masked_fill_(torch.isneginf(x2), fmt.neg_inf_code)
     return [codes.reshape(x.shape), _pow2(s)]
 
 
@@ -166,9 +172,9 @@ def torch_fp8_decompress(
     if numel_of(shape) == 0:
         return torch.empty(shape, dtype=dtype, device=codes.device)
     c2 = codes.reshape(rows, cols)
-    vals = c2.view(fmt.torch_dtype).float() * scales[:, None]
-    vals = vals.masked_fill(c2 == fmt.pos_inf_code, float("inf"))
-    vals = vals.masked_fill(c2 == fmt.neg_inf_code, float("-inf"))
+    vals = c2.view(fmt.torch_dtype).float().mul_(scales[:, None])
+    vals.masked_fill_(c2 == fmt.pos_inf_code, float("inf"))
+    vals.masked_fill_(c2 == fmt.neg_inf_code, float("-inf"))
     return vals.to(dtype).reshape(shape)
 
 
@@ -354,6 +360,18 @@ class Fp8Codec(OpCodec):
     def payload_spec(self, shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
         return fp8_payload_spec(shape, dtype)
 
+    def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:
+        """Torch reference: compress scales a float32 copy of x (plus a few
+        float32 / int32 values per row); decompress builds its result in
+        float32. The kernels need nothing."""
+        if triton:
+            return Workspace()
+        rows, _ = rows_cols(shape)
+        return Workspace(
+            compress=float32_scratch(shape) + 32 * int(rows) + _SMALL,
+            decompress=float32_result_scratch(shape, dtype) + _SMALL,
+        )
+
     def applies(self, query: ApplyQuery) -> bool:
         """Floating activations whose payload is smaller than the original.
 
@@ -367,20 +385,19 @@ class Fp8Codec(OpCodec):
 
 
 def _register(fmt: Fp8Format) -> Fp8Codec:
-    def compress(x: torch.Tensor) -> list[torch.Tensor]:
-        check_input(x, codec=fmt.name, dtypes=_DTYPES)
-        if use_triton(x):
-            return triton_fp8_compress(x, fmt)
-        return torch_fp8_compress(x, fmt)
-
-    def decompress(payload: list[torch.Tensor], shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-        check_payload(payload, fp8_payload_spec(shape, dtype), codec=fmt.name)
-        if use_triton(payload[0]):
-            return triton_fp8_decompress(payload, shape, dtype, fmt)
-        return torch_fp8_decompress(payload, shape, dtype, fmt)
-
-    register_codec_ops(fmt.name, compress=compress, decompress=decompress,
-                       payload_spec=fp8_payload_spec)
+    register_dispatched_ops(
+        fmt.name,
+        dtypes=_DTYPES,
+        payload_spec=fp8_payload_spec,
+        torch_impl=(
+            functools.partial(torch_fp8_compress, fmt=fmt),
+            functools.partial(torch_fp8_decompress, fmt=fmt),
+        ),
+        triton_impl=(
+            functools.partial(triton_fp8_compress, fmt=fmt),
+            functools.partial(triton_fp8_decompress, fmt=fmt),
+        ),
+    )
     return REGISTRY.register(Fp8Codec(fmt))
 
 

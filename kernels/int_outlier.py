@@ -68,6 +68,7 @@ outlier channels must be known before any group scale is.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -79,18 +80,18 @@ from .codec import ApplyQuery, CodecStats
 from .oplib import (
     OpCodec,
     PayloadSpec,
+    Workspace,
     check_input,
     check_output_dtype,
     check_payload,
     check_shape,
     launch,
     numel_of,
-    register_codec_ops,
+    register_dispatched_ops,
     require_triton,
     rne_cast,
     tl,
     triton_jit,
-    use_triton,
 )
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -104,6 +105,12 @@ _PRODUCERS = frozenset({"norm", "attention", "activation", "elementwise", "matmu
 _BLOCK_ROWS = 32
 _STATS_ROWS_PER_PROGRAM = 256
 _STATS_BLOCK_CHANNELS = 64
+#: Workspace bounds (bytes): per channel for the outlier choice (float32
+#: scores, int64 sort indices twice, int32 slot map and index), per
+#: (row, group) for the scale arithmetic, and a constant slack.
+_CHANNEL_SCRATCH = 64
+_GROUP_SCRATCH = 16
+_SMALL = 256
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -198,37 +205,75 @@ def torch_channel_absmax(x2d: torch.Tensor) -> torch.Tensor:
     """Largest finite |x| per channel (float32 [C]); non-finite values count as 0."""
     if x2d.shape[0] == 0:
         return torch.zeros(x2d.shape[1], dtype=torch.float32, device=x2d.device)
-    a = x2d.float().abs()
-    return torch.where(a < torch.inf, a, 0.0).amax(dim=0)
+    # In the input dtype (abs and max are exact, so the float32 result is the
+    # same) and in place: one temporary of the input's size, not three.
+    a = x2d.abs()
+    return a.nan_to_num_(nan=0.0, posinf=0.0).amax(dim=0).float()
+
+
+def _absmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x.abs().amax(dim)`` without the temporary ``x.abs()`` (x holds no NaN)."""
+    low, high = torch.aminmax(x, dim=dim)
+    # abs() only turns a -0.0 maximum (all zeros) into +0.0, as x.abs() would.
+    return torch.maximum(high, low.neg_()).abs_()
+
+
+def _finite_channel_absmax(x2d: torch.Tensor) -> torch.Tensor:
+    """`torch_channel_absmax` of a float32 [R, C] view whose non-finite values are 0."""
+    if x2d.shape[0] == 0:
+        return torch.zeros(x2d.shape[1], dtype=torch.float32, device=x2d.device)
+    return _absmax(x2d, dim=0)
 
 
 def _torch_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
+    """Torch reference compress.
+
+    Written for a small workspace (see `IntOutlierCodec.workspace`): one
+    owned float32 copy of ``x`` padded to whole groups is scaled, clamped and
+    rounded in place; codes are int8 from the start (every code fits), and
+    the codes of non-finite values are filled in afterwards from ``x`` itself.
+    """
     check_input(x, codec=fmt.name, dtypes=_DTYPES)
     x2d = _view2d(x)
     rows, channels = x2d.shape
-    index = select_outlier_channels(torch_channel_absmax(x2d), outlier_slots(channels))
     groups = (channels + fmt.group - 1) // fmt.group
-    pad = groups * fmt.group - channels
+    padded = groups * fmt.group
     # Everything per element happens on the padded [R, groups, G] layout (see
     # the module docstring for the Inductor bug this avoids).
-    xf = F.pad(x2d.float(), (0, pad)).view(rows, groups, fmt.group)
-    regular = F.pad(slot_map(index, channels) < 0, (0, pad), value=True).view(groups, fmt.group)
-    finite = xf.abs() < torch.inf
-    nonfinite = regular & ~finite
-    kept = torch.where(regular & finite, xf, 0.0)
+    xf = torch.empty(rows, padded, dtype=torch.float32, device=x.device)
+    xf[:, channels:].zero_()
+    xf[:, :channels].copy_(x2d)
+    # isfinite / isinf would allocate |x| in float32; these three do not.
+    nonfinite = torch.isnan(xf).logical_or_(torch.isposinf(xf)).logical_or_(torch.isneginf(xf))
+    xf.masked_fill_(nonfinite, 0.0)
+    index = select_outlier_channels(_finite_channel_absmax(xf[:, :channels]), outlier_slots(channels))
+    xf = xf.view(rows, groups, fmt.group)
+    regular = F.pad(slot_map(index, channels) < 0, (0, padded - channels), value=True)
+    regular = regular.view(groups, fmt.group)
+    nonfinite = nonfinite.view(rows, groups, fmt.group).logical_and_(regular)
     special = nonfinite.any(dim=-1)
+    # Kept values: regular and finite (non-finite ones are 0 already).
+    xf.masked_fill_(regular.logical_not(), 0.0)
+    absmax = _absmax(xf, dim=-1)
     limit = torch.where(special, fmt.qmax - 1.0, float(fmt.qmax))
-    scale, scale_f = truncate_to_bfloat16(kept.abs().amax(dim=-1) / limit)
-    y = kept / torch.where(scale_f > 0, scale_f, 1.0).unsqueeze(-1)
-    y = torch.minimum(torch.maximum(y, -limit.unsqueeze(-1)), limit.unsqueeze(-1))
-    special_code = torch.where(xf.isnan(), -fmt.qmax - 1, torch.where(xf > 0, fmt.qmax, -fmt.qmax))
-    codes = torch.where(nonfinite, special_code, torch.round(y).to(torch.int32))
-    codes = codes.view(rows, groups * fmt.group)
+    scale, scale_f = truncate_to_bfloat16(absmax / limit)
+    xf.div_(torch.where(scale_f > 0, scale_f, 1.0).unsqueeze(-1))
+    bound = limit.unsqueeze(-1)
+    xf.clamp_(-bound, bound).round_()
+    codes = xf.view(rows, padded).to(torch.int8)  # |code| <= QMAX: exact
+    del xf
+    # Reserved codes of non-finite values, read from x (same positions).
+    code_view, flagged = codes[:, :channels], nonfinite.view(rows, padded)[:, :channels]
+    code_view.masked_fill_(flagged, -fmt.qmax)
+    code_view.masked_fill_((x2d > 0).logical_and_(flagged), fmt.qmax)
+    code_view.masked_fill_(torch.isnan(x2d).logical_and_(flagged), -fmt.qmax - 1)
+    del nonfinite, code_view, flagged
     if fmt.pack4:
-        nibbles = (codes & 15).view(rows, groups * (fmt.group // 2), 2)
-        packed = (nibbles[..., 0] | (nibbles[..., 1] << 4)).to(torch.uint8)
+        # uint8 shifts keep the low four bits of each two's-complement code.
+        pairs = codes.view(torch.uint8).view(rows, padded // 2, 2)
+        packed = (pairs[..., 0] & 15).bitwise_or_(pairs[..., 1] << 4)
     else:
-        packed = codes.to(torch.int8)
+        packed = codes
     stored_scale = torch.where(special, -scale, scale)
     values = x2d.index_select(1, index.long())
     return [packed, stored_scale, index, values.contiguous()]
@@ -237,25 +282,28 @@ def _torch_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
 def _torch_decompress(
     fmt: IntFormat, payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
 ) -> torch.Tensor:
+    """Torch reference decompress: int8 codes, one float32 buffer worked in place."""
     shape = _check_decompress(fmt, payload, shape, dtype)
     packed, scale, index, values = payload
     rows, channels = rows_channels(shape)
     groups = scale.shape[1]
     if fmt.pack4:
-        b = packed.to(torch.int32)
-        codes = (torch.stack(((b & 15), (b >> 4) & 15), dim=-1) ^ 8) - 8
+        # Nibbles n in 0..15 -> (n ^ 8) - 8 in -8..7, all in 8-bit integers.
+        codes = torch.stack((packed & 15, packed >> 4), dim=-1).bitwise_xor_(8).view(torch.int8).sub_(8)
     else:
-        codes = packed.to(torch.int32)
+        codes = packed
     codes = codes.reshape(rows, groups, fmt.group)
     s = scale.float().unsqueeze(-1)
     special = torch.signbit(s)
-    v = codes.float() * s.abs()
-    v = torch.where(special & (codes == -fmt.qmax - 1), torch.nan, v)
-    v = torch.where(special & (codes == -fmt.qmax), -torch.inf, v)
-    v = torch.where(special & (codes == fmt.qmax), torch.inf, v)
+    v = codes.float().mul_(s.abs())
+    v.masked_fill_((codes == -fmt.qmax - 1).logical_and_(special), torch.nan)
+    v.masked_fill_((codes == -fmt.qmax).logical_and_(special), -torch.inf)
+    v.masked_fill_((codes == fmt.qmax).logical_and_(special), torch.inf)
+    del codes
     # Outliers are written into the padded buffer, which is then cut to C.
-    padded = v.to(dtype).view(rows, groups * fmt.group).index_copy(1, index.long(), values)
-    return padded[:, :channels].contiguous().view(shape)
+    out = v.to(dtype).view(rows, groups * fmt.group)  # owned: v itself or a new tensor
+    out.index_copy_(1, index.long(), values)
+    return out[:, :channels].contiguous().view(shape)
 
 
 def torch_int8_outlier_compress(x: torch.Tensor) -> list[torch.Tensor]:
@@ -535,21 +583,12 @@ def _check_decompress(
 
 
 def _register(fmt: IntFormat) -> tuple[Any, Any]:
-    def compress(x: torch.Tensor) -> list[torch.Tensor]:
-        check_input(x, codec=fmt.name, dtypes=_DTYPES)
-        return _triton_compress(fmt, x) if use_triton(x) else _torch_compress(fmt, x)
-
-    def decompress(payload: list[torch.Tensor], shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-        _check_decompress(fmt, payload, shape, dtype)
-        if use_triton(payload[0]):
-            return _triton_decompress(fmt, payload, shape, dtype)
-        return _torch_decompress(fmt, payload, shape, dtype)
-
-    return register_codec_ops(
+    return register_dispatched_ops(
         fmt.name,
-        compress=compress,
-        decompress=decompress,
-        payload_spec=lambda shape, dtype: int_outlier_payload_spec(fmt, shape, dtype),
+        dtypes=_DTYPES,
+        payload_spec=functools.partial(int_outlier_payload_spec, fmt),
+        torch_impl=(functools.partial(_torch_compress, fmt), functools.partial(_torch_decompress, fmt)),
+        triton_impl=(functools.partial(_triton_compress, fmt), functools.partial(_triton_decompress, fmt)),
     )
 
 
@@ -589,6 +628,37 @@ class IntOutlierCodec(OpCodec):
             return False
         original = numel_of([int(s) for s in query.shape]) * query.dtype.itemsize
         return self.compressed_nbytes(query.shape, query.dtype) < original
+
+    def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:
+        """Scratch bytes, from the structure of each implementation.
+
+        Both compress paths need C-sized tensors for the outlier choice
+        (scores, two sorts, the slot map); the kernels add only the per-chunk
+        channel maxima, and their decompress only the slot map.
+        The torch reference, on P = R x padded channels elements: compress
+        holds a float32 copy (4P), the non-finite mask (P) and a second
+        mask or the int8 codes (P); int8 codes are the payload. Decompress
+        holds int8 codes (int4: unpacked, P, after 2P while unpacking), a
+        float32 buffer (4P) and a mask (P), or the buffer beside its cast to
+        ``dtype`` and the copy cut to C channels.
+        """
+        rows, channels = rows_channels(shape)
+        groups = (channels + self.fmt.group - 1) // self.fmt.group
+        padded = rows * groups * self.fmt.group
+        choice = _CHANNEL_SCRATCH * channels + _SMALL
+        if triton:
+            chunks = (rows + _STATS_ROWS_PER_PROGRAM - 1) // _STATS_ROWS_PER_PROGRAM
+            slots = 16 * channels + _SMALL  # slot map and int64 index
+            return Workspace(compress=4 * chunks * channels + choice, decompress=slots)
+        per_group = _GROUP_SCRATCH * rows * groups
+        compress = 6 * padded - (0 if self.fmt.pack4 else padded) + per_group + choice
+        index = 16 * outlier_slots(channels) + _SMALL  # the int64 copy of the index
+        codes = padded if self.fmt.pack4 else 0
+        result = rows * channels * dtype.itemsize
+        cast = 0 if dtype == torch.float32 else padded * dtype.itemsize
+        cut = result if padded != rows * channels else 0
+        peak = max(2 * codes, codes + 5 * padded, 4 * padded + cast + cut)
+        return Workspace(compress=compress, decompress=max(peak - result, 0) + per_group + index)
 
     def cost_seconds(self, shape: Sequence[int], dtype: torch.dtype, bandwidth_bytes_per_s: float) -> float:
         """The base model plus the second read of x (channel statistics)."""

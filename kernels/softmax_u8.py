@@ -41,18 +41,20 @@ from .codec import ApplyQuery
 from .oplib import (
     OpCodec,
     PayloadSpec,
+    Workspace,
     check_input,
     check_output_dtype,
     check_payload,
     check_shape,
+    float32_result_scratch,
+    float32_scratch,
     launch,
     numel_of,
-    register_codec_ops,
+    register_dispatched_ops,
     require_triton,
     rne_cast,
     tl,
     triton_jit,
-    use_triton,
 )
 
 NAME = "softmax_u8"
@@ -63,6 +65,8 @@ NEG_INF_CODE = 253
 POS_INF_CODE = 254
 NAN_CODE = 255
 _BLOCK = 1024
+#: Workspace slack for the scalars of the torch reference.
+_SMALL = 64
 
 
 def softmax_u8_payload_spec(shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
@@ -78,13 +82,16 @@ def softmax_u8_payload_spec(shape: Sequence[Any], dtype: torch.dtype) -> Payload
 def torch_softmax_u8_compress(x: torch.Tensor) -> list[torch.Tensor]:
     """Reference compress (see module docstring for the grid and codes)."""
     check_input(x, codec=NAME, dtypes=_DTYPES)
-    p = x.float()
-    w = torch.where(torch.isfinite(p), p, 0).clamp(0.0, 1.0) * (2 * LEVELS)
-    q = (w.to(torch.int32) + 1) >> 1
-    q = q.masked_fill(torch.isnan(p), NAN_CODE)
-    q = q.masked_fill(p == float("inf"), POS_INF_CODE)
-    q = q.masked_fill(p == float("-inf"), NEG_INF_CODE)
-    return [q.to(torch.uint8).reshape(x.shape)]
+    # One owned float32 copy worked in place. (trunc(w) + 1) >> 1 is done in
+    # float32, exact for these small integers, so no int32 copy is needed.
+    w = x.to(torch.float32, copy=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+    w.clamp_(0.0, 1.0).mul_(2 * LEVELS).trunc_().add_(1.0).div_(2.0).floor_()
+    q = w.to(torch.uint8)  # 0..252
+    del w
+    q.masked_fill_(torch.isnan(x), NAN_CODE)
+    q.masked_fill_(torch.isposinf(x), POS_INF_CODE)
+    q.masked_fill_(torch.isneginf(x), NEG_INF_CODE)
+    return [q.reshape(x.shape)]
 
 
 def torch_softmax_u8_decompress(
@@ -95,10 +102,10 @@ def torch_softmax_u8_decompress(
     check_output_dtype(dtype, codec=NAME, dtypes=_DTYPES)
     check_payload(payload, softmax_u8_payload_spec(shape, dtype), codec=NAME)
     q = payload[0]
-    p = q.float() * (1.0 / LEVELS)
-    p = p.masked_fill(q == NAN_CODE, float("nan"))
-    p = p.masked_fill(q == POS_INF_CODE, float("inf"))
-    p = p.masked_fill(q == NEG_INF_CODE, float("-inf"))
+    p = q.float().mul_(1.0 / LEVELS)
+    p.masked_fill_(q == NAN_CODE, float("nan"))
+    p.masked_fill_(q == POS_INF_CODE, float("inf"))
+    p.masked_fill_(q == NEG_INF_CODE, float("-inf"))
     return p.to(dtype).reshape(shape)
 
 
@@ -166,22 +173,12 @@ def triton_softmax_u8_decompress(
 # --------------------------------------------------------------------------
 
 
-def _compress(x: torch.Tensor) -> list[torch.Tensor]:
-    check_input(x, codec=NAME, dtypes=_DTYPES)
-    if use_triton(x):
-        return triton_softmax_u8_compress(x)
-    return torch_softmax_u8_compress(x)
-
-
-def _decompress(payload: list[torch.Tensor], shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-    check_payload(payload, softmax_u8_payload_spec(shape, dtype), codec=NAME)
-    if use_triton(payload[0]):
-        return triton_softmax_u8_decompress(payload, shape, dtype)
-    return torch_softmax_u8_decompress(payload, shape, dtype)
-
-
-softmax_u8_compress_op, softmax_u8_decompress_op = register_codec_ops(
-    NAME, compress=_compress, decompress=_decompress, payload_spec=softmax_u8_payload_spec
+softmax_u8_compress_op, softmax_u8_decompress_op = register_dispatched_ops(
+    NAME,
+    dtypes=_DTYPES,
+    payload_spec=softmax_u8_payload_spec,
+    torch_impl=(torch_softmax_u8_compress, torch_softmax_u8_decompress),
+    triton_impl=(triton_softmax_u8_compress, triton_softmax_u8_decompress),
 )
 
 
@@ -194,6 +191,17 @@ class SoftmaxU8Codec(OpCodec):
 
     def payload_spec(self, shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
         return softmax_u8_payload_spec(shape, dtype)
+
+    def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:
+        """Torch reference: compress works on a float32 copy of x; decompress
+        builds the result in float32 and needs one bool mask at a time. The
+        kernels need nothing."""
+        if triton:
+            return Workspace()
+        return Workspace(
+            compress=float32_scratch(shape) + _SMALL,
+            decompress=float32_result_scratch(shape, dtype) + _SMALL,
+        )
 
     def applies(self, query: ApplyQuery) -> bool:
         """Only softmax outputs: the fixed [0, 1] grid is wrong for anything else."""
