@@ -8,6 +8,12 @@ backward use; gradients stay alive to the end of the step. Views and
 ``getitem`` share their base's storage. Graph inputs (parameters, data,
 tangents) exist before the step and are not counted.
 
+Codec ops (``torch.ops.adacc.<codec>_compress`` / ``_decompress``) also
+need scratch memory while they run: the codec declares it
+(`Codec.compress_workspace_nbytes`), for the device the node's tensors live
+on (their fake tensors carry it), and it is counted as live during that node
+only: it raises the peak, not the live set after the node.
+
 This is the same accounting a caching allocator sees for the step's own
 tensors (minus rounding), which is why `bench/` compares it with
 ``torch.cuda.max_memory_allocated`` on GPU and with the profiler's allocator
@@ -17,12 +23,13 @@ trace on CPU (`adacc_compile.measure`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.fx as fx
 
 from adacc_compile.compat import concrete_int
+from adacc_compile.kernels import Codec, available_codecs, get_codec
 
 from .op_class import is_view_op
 
@@ -101,10 +108,13 @@ def simulate_step(
     graph's forward node names (a backward node with such a name is a
     recomputation and counts as activation memory)."""
     state = _State()
+    workspaces = _codec_workspaces()
     forward_names = set(forward_names)
     fw_outputs = _output_nodes(fw_module)
     saved_outputs = fw_outputs[num_fwd_outputs:]
-    fw_storages = _run_graph(fw_module, state, "forward", keep=set(fw_outputs), activation_names=set())
+    fw_storages = _run_graph(
+        fw_module, state, "forward", keep=set(fw_outputs), activation_names=set(), workspaces=workspaces
+    )
     saved_storages: dict[int, _Storage] = {}
     for out in saved_outputs:
         for storage in fw_storages.get(out, ()):
@@ -134,6 +144,7 @@ def simulate_step(
         keep=set(_output_nodes(bw_module)),
         activation_names=forward_names,
         preset=preset,
+        workspaces=workspaces,
     )
     return MemoryTimeline(
         peak_bytes=state.peak,
@@ -149,6 +160,43 @@ def _output_nodes(gm: fx.GraphModule) -> list[fx.Node]:
     return [n if isinstance(n, fx.Node) else None for n in flat]  # type: ignore[misc]
 
 
+WorkspaceFn = Callable[[fx.Node], int]
+
+
+def _codec_workspaces() -> dict[Any, WorkspaceFn]:
+    """Codec op -> the scratch bytes of one of its nodes (see module docstring)."""
+    table: dict[Any, WorkspaceFn] = {}
+    for name in available_codecs():
+        codec = get_codec(name)
+        table[codec.compress_op] = lambda node, codec=codec: _compress_workspace(codec, node)
+        table[codec.decompress_op] = lambda node, codec=codec: _decompress_workspace(codec, node)
+    return table
+
+
+def _tensor_val(node: Any) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _shape(value: torch.Tensor) -> tuple[int, ...]:
+    return tuple(concrete_int(s) for s in value.shape)
+
+
+def _compress_workspace(codec: Codec, node: fx.Node) -> int:
+    x = _tensor_val(node.args[0]) if node.args else None
+    if x is None:
+        return 0
+    return codec.compress_workspace_nbytes(_shape(x), x.dtype, x.device.type)
+
+
+def _decompress_workspace(codec: Codec, node: fx.Node) -> int:
+    out = _tensor_val(node)
+    payload = [t for t in map(_tensor_val, node.all_input_nodes) if t is not None]
+    if out is None or not payload:
+        return 0
+    return codec.decompress_workspace_nbytes(_shape(out), out.dtype, payload[0].device.type)
+
+
 def _run_graph(
     gm: fx.GraphModule,
     state: _State,
@@ -157,6 +205,7 @@ def _run_graph(
     keep: set[fx.Node],
     activation_names: set[str],
     preset: dict[fx.Node, list[_Storage]] | None = None,
+    workspaces: dict[Any, WorkspaceFn] | None = None,
 ) -> dict[fx.Node, list[_Storage]]:
     """Allocates and frees storages in node order; returns node -> storages."""
     nodes = list(gm.graph.nodes)
@@ -182,7 +231,10 @@ def _run_graph(
             continue
         else:
             storages[node] = []
+        workspace = _workspace_of(node, workspaces)
+        state.live += workspace  # scratch of a codec op: live while it runs
         state.record(phase, node.name)
+        state.live -= workspace
         # Free what this node was the last reader of (and dead outputs).
         dying = [a for a in node.all_input_nodes if last_use.get(a) == index]
         if node not in last_use and node.op == "call_function":
@@ -195,6 +247,16 @@ def _run_graph(
                 if storage.refs == 0:
                     state.free(storage)
     return storages
+
+
+def _workspace_of(node: fx.Node, workspaces: dict[Any, WorkspaceFn] | None) -> int:
+    if not workspaces or node.op != "call_function":
+        return 0
+    try:
+        estimate = workspaces.get(node.target)
+    except TypeError:  # an unhashable target
+        return 0
+    return estimate(node) if estimate is not None else 0
 
 
 def _outputs_of(
