@@ -18,8 +18,10 @@ declared bound is dropped before the MILP sees it, and the statistics
 
 When there are no real inputs (planning under fake tensors, e.g. the
 LLM-scale benchmark), or the inputs do not line up with the graph's primals,
-or the forward mutates something, the declared bounds are used unchanged
-and the summary says why.
+or the forward mutates something or communicates, or torch.distributed runs
+more than one rank (each rank would measure its own batch and plans would
+differ across ranks), the declared bounds are used unchanged and the
+summary says why.
 
 The run does not change training: it is under ``no_grad``, on the real
 inputs without mutating them, with the RNG state saved and restored, and
@@ -41,7 +43,9 @@ import torch.fx as fx
 from adacc_compile import compat
 from adacc_compile.kernels import CodecStats, get_codec
 
+from .annotate import META_KEY
 from .candidates import CandidateSet
+from .op_class import OpClass
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +127,16 @@ def calibrate_candidates(
     mutating = next((n for n in forward if compat.is_mutating(n)), None)
     if mutating is not None:
         return not_calibrated(f"the forward mutates state ({mutating.target})")
+    if compat.dist_ready() and torch.distributed.get_world_size() > 1:
+        # Each rank sees its own batch: measured errors, hence rejections and
+        # plans, would differ across ranks (and the forward may hold
+        # collectives). Agreeing on them is not implemented.
+        return not_calibrated("distributed run: per-rank calibration would give per-rank plans")
+    collective = next(
+        (n for n in forward if getattr(n.meta.get(META_KEY), "op_class", None) is OpClass.COLLECTIVE), None
+    )
+    if collective is not None:
+        return not_calibrated(f"the forward holds a collective ({collective.target})")
     start = time.perf_counter()
     wanted = {candidates.nodes[name]: codecs for name, codecs in lossy.items()}
     results: dict[str, dict[str, OptionCalibration]] = {}
