@@ -162,7 +162,18 @@ def summary_line(summary: dict[str, Any]) -> str:
         f"adacc graph {summary['graph_index']}: activations {gb(summary['baseline_saved_bytes'])} -> "
         f"{gb(summary['planned_saved_bytes'])}, +{pct:.1f}% est. time, "
         f"solved in {summary['solve_seconds']:.2f} s ({summary['solver_status']})"
+        + _calibration_note(summary.get("calibration") or {})
     )
+
+
+def _calibration_note(calibration: dict[str, Any]) -> str:
+    if calibration.get("used"):
+        return (
+            f", codecs calibrated on {calibration['values']} real values "
+            f"({len(calibration['rejected'])} option(s) over their bound dropped)"
+        )
+    reason = calibration.get("reason", "")
+    return "" if reason in ("", "no lossy codec options") else f", codecs not calibrated: {reason}"
 
 
 def publish(state: "PartitionState") -> None:

@@ -133,3 +133,18 @@ def test_calibrate_candidates_without_lossy_options_does_nothing():
     empty = CandidateSet(problem=PlanProblem(candidates=()), nodes={})
     result = calibrate_candidates(None, None, empty, [torch.zeros(1)])  # type: ignore[arg-type]
     assert not result.used and result.reason == "no lossy codec options"
+
+
+def test_summary_line_says_whether_codecs_were_calibrated():
+    from adacc_compile.report import summary_line
+
+    base = {"graph_index": 0, "baseline_saved_bytes": 2_000_000, "planned_saved_bytes": 1_000_000,
+            "estimated_added_seconds": 0.01, "estimated_step_seconds": 1.0, "solve_seconds": 0.1,
+            "solver_status": "optimal"}
+    used = {"used": True, "reason": "", "values": 12, "rejected": ["a:fp8_e5m2"]}
+    assert "calibrated on 12 real values (1 option(s) over their bound dropped)" in summary_line(
+        {**base, "calibration": used}
+    )
+    fake = {"used": False, "reason": "no real inputs (planned under fake tensors)"}
+    assert "not calibrated: no real inputs" in summary_line({**base, "calibration": fake})
+    assert "calibrat" not in summary_line({**base, "calibration": {"used": False, "reason": "no lossy codec options"}})
