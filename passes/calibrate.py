@@ -12,8 +12,8 @@ activation-like test inputs. A real model can hold values the codec handles
 worse (heavier outliers, a skew that wastes half of a symmetric range, a
 softmax that is not peaked). The forward is run once on the real inputs;
 every lossy option of every candidate is round-tripped on its real value
-(`Codec.calibrate`); an option whose measured error exceeds the codec's
-declared bound is dropped before the MILP sees it, and the statistics
+(`Codec.calibrate`, on up to `SAMPLE_ELEMENTS` elements of whole rows); an
+option whose measured error exceeds the codec's declared bound is dropped before the MILP sees it, and the statistics
 (error, SQNR, abs max, outlier channels) go into the plan and ``plan.json``.
 
 When there are no real inputs (planning under fake tensors, e.g. the
@@ -172,10 +172,27 @@ def calibrated_candidates(candidates: CandidateSet, calibration: Calibration) ->
     return CandidateSet(problem=problem, nodes=candidates.nodes)
 
 
+#: Each value is measured on at most this many elements (whole rows of its
+#: last dim, from the start): on CPU the torch-reference codecs would
+#: otherwise make calibration cost more than planning. Measured on a GPT
+#: (d256, seq 256, batch 4; `/tmp`-free repro in bench/RESULTS.md §3):
+#: balanced 0.75 s for 77 options, aggressive 1.6 s for 258 options.
+SAMPLE_ELEMENTS = 1 << 16
+
+
+def row_sample(x: torch.Tensor, max_elements: int = SAMPLE_ELEMENTS) -> torch.Tensor:
+    """The first whole rows of ``x`` (last dim = channels) up to
+    ``max_elements``; at least one row; ``x`` itself when small enough."""
+    if x.numel() <= max_elements or x.dim() < 2:
+        return x
+    rows = max(1, max_elements // max(1, x.shape[-1]))
+    return x.reshape(-1, x.shape[-1])[:rows]
+
+
 def _measure(value: str, codec_name: str, x: torch.Tensor) -> OptionCalibration:
     codec = get_codec(codec_name)
     try:
-        stats = codec.calibrate([x])
+        stats = codec.calibrate([row_sample(x)])
     except Exception as exc:  # noqa: BLE001 - a codec that fails here is simply not offered
         return OptionCalibration(
             value=value, codec=codec_name, stats=None, declared_bound=codec.error_bound,
