@@ -50,7 +50,7 @@ it can instead of recomputing (much more compression than the mixed plan)."""
 
 def make_step_fn(model: torch.nn.Module, variant: str, args: argparse.Namespace):
     """The callable to train with, and the partitioner (None for eager)."""
-    if variant == "eager":
+    if variant in ("eager", "eager_bf16_init"):
         return model, None
     if variant == "inductor":  # no checkpointing; differs from eager only by fused-kernel rounding
         return torch.compile(model, backend="inductor"), None
@@ -102,6 +102,13 @@ def plan_summary(partitioner: AdaccPartitioner | None) -> dict[str, Any]:
 
 def train(variant: str, base: torch.nn.Module, batches, val_batches, args: argparse.Namespace) -> dict[str, Any]:
     model = copy.deepcopy(base)
+    if variant == "eager_bf16_init":
+        # A perturbation nobody would call an accuracy loss (the init rounded
+        # to bf16, <= 0.4% per weight): how far the final loss of this short
+        # run moves by chaos alone, the scale to read the codecs' deltas on.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).to(p.dtype))
     torch._dynamo.reset()
     fn, partitioner = make_step_fn(model, variant, args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -239,9 +246,9 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=0.3)
     parser.add_argument("--profile", default="h100")
     parser.add_argument("--variants", nargs="+", default=["eager", *ACCURACY_VARIANTS],
-                        choices=["eager", "inductor", *ACCURACY_VARIANTS, *COMPRESS_ONLY_VARIANTS],
+                        choices=["eager", "inductor", "eager_bf16_init", *ACCURACY_VARIANTS, *COMPRESS_ONLY_VARIANTS],
                         help="the first one is the reference; inductor = torch.compile without adacc (a "
-                             "rounding-noise floor); *_compress_only = allow_recompute False")
+                             "rounding-noise floor); eager_bf16_init = eager from the init rounded to bf16 (a chaos-noise floor); *_compress_only = allow_recompute False")
     parser.add_argument("--final-window", type=int, default=20)
     parser.add_argument("--val-batches", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
