@@ -98,12 +98,15 @@ class ApplyQuery:
     ``producer_class`` / ``consumer_classes`` are op-class names from the
     annotate pass (e.g. "norm", "matmul", "activation", "softmax", "mask",
     "dropout", "elementwise"); ``consumer_targets`` are the string names of
-    the backward ops that read the value (e.g. "aten.gelu_backward.default").
+    the backward ops that read the value (e.g. "aten.gelu_backward.default");
+    ``producer_target`` names the op that made it (e.g.
+    "aten._log_softmax.default": same op class as softmax, other values).
     """
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     producer_class: str
+    producer_target: str = ""
     consumer_classes: tuple[str, ...] = ()
     consumer_targets: tuple[str, ...] = ()
 

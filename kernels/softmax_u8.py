@@ -204,9 +204,11 @@ class SoftmaxU8Codec(OpCodec):
         )
 
     def applies(self, query: ApplyQuery) -> bool:
-        """Only softmax outputs: the fixed [0, 1] grid is wrong for anything else."""
+        """Only softmax outputs: the fixed [0, 1] grid is wrong for anything
+        else, log-softmax (same op class, values in (-inf, 0]) included."""
         return (
             query.producer_class == "softmax"
+            and "log_softmax" not in query.producer_target
             and query.dtype in _DTYPES
             and numel_of(query.shape) > 0
         )

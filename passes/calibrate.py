@@ -175,7 +175,7 @@ def calibrated_candidates(candidates: CandidateSet, calibration: Calibration) ->
 #: Each value is measured on at most this many elements (whole rows of its
 #: last dim, from the start): on CPU the torch-reference codecs would
 #: otherwise make calibration cost more than planning. Measured on a GPT
-#: (d256, seq 256, batch 4; `/tmp`-free repro in bench/RESULTS.md §3):
+#: (d256, seq 256, batch 4, memory_budget 0.5, see bench/RESULTS.md):
 #: balanced 0.75 s for 77 options, aggressive 1.6 s for 258 options.
 SAMPLE_ELEMENTS = 1 << 16
 

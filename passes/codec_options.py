@@ -85,6 +85,7 @@ def make_compress_options(
             shape=tuple(int(s) for s in val.shape),
             dtype=val.dtype,
             producer_class=annotation(node).op_class.value,
+            producer_target=str(node.target),
             consumer_classes=tuple(annotation(u).op_class.value for u in readers),
             consumer_targets=tuple(str(u.target) for u in readers),
         )

@@ -104,6 +104,9 @@ def test_applies_only_to_softmax_outputs() -> None:
     assert not CODEC.applies(ApplyQuery(shape=(2, 4, 8, 8), dtype=torch.bfloat16, producer_class="norm"))
     assert not CODEC.applies(ApplyQuery(shape=(8, 8), dtype=torch.bool, producer_class="softmax"))
     assert not CODEC.applies(ApplyQuery(shape=(0, 8), dtype=torch.float32, producer_class="softmax"))
+    log_probs = ApplyQuery(shape=(8, 8), dtype=torch.float32, producer_class="softmax",
+                           producer_target="aten._log_softmax.default")
+    assert not CODEC.applies(log_probs)  # same op class, values in (-inf, 0]
 
 
 def test_wrong_dtype_and_device_raise() -> None:
