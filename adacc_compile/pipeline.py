@@ -48,7 +48,7 @@ from adacc_compile.passes.compress_rewrite import apply_compression
 from adacc_compile.passes.device_profile import DeviceProfile, profile_by_name
 from adacc_compile.passes.memory_sim import MemoryTimeline, simulate_step
 from adacc_compile.passes.milp import SolverOptions
-from adacc_compile.passes.plan_problem import PlanSolution, check_solution
+from adacc_compile.passes.plan_problem import PlanSolution, added_seconds, check_solution
 from adacc_compile.passes.policies import get_policy
 from adacc_compile.passes.rewrite import saved_values_for, split_joint_graph
 from adacc_compile.passes.structure import BlockReduction, no_reduction, reduce_identical_blocks
@@ -194,29 +194,49 @@ def _attempt(state: PartitionState, cap: int) -> PlanAttempt | None:
     return PlanAttempt(cap, solution, saved, fw, bw, timeline)
 
 
+#: Where the tightening loop finds no plan that fits, boundary caps at these
+#: multiples of the budget are tried as well (each costs one solve, split and
+#: simulation; only on this path).
+NO_FIT_CAP_FACTORS = (0.75, 0.5, 1.5, 2.0)
+
+
+def _probe_caps(state: PartitionState, target: int, tried: set[int]) -> list[PlanAttempt]:
+    assert state.budget is not None
+    out = []
+    for factor in NO_FIT_CAP_FACTORS:
+        cap = int(target * factor)
+        if cap < state.budget.minimum_bytes or cap > state.budget.baseline_saved_bytes or cap in tried:
+            continue
+        tried.add(cap)
+        attempt = _attempt(state, cap)
+        if attempt is not None:
+            out.append(attempt)
+    return out
+
+
 def plan_stage(state: PartitionState) -> None:
     """Solve, split, simulate; while the simulated activation peak exceeds
     the budget, lower the boundary cap by the excess and solve again.
 
     The MILP caps the bytes saved at the forward/backward boundary; the
     working memory of recomputation in the backward is only seen here, by
-    simulation. Where no cap down to the reachable minimum fits, the plan
-    with the lowest simulated peak is used (with a warning). Trying caps
-    *above* the budget was measured not to find lower peaks (char GPT,
-    budget 0.2: every cap from 0.25x to 3x gave the same 3.4 MB peak, set by
-    recomputing an MLP's hidden activation and its GELU together)."""
+    simulation, and it is not monotone in the cap: a tighter cap can make the
+    MILP recompute long chains from the inputs, which the backward then holds
+    all at once (Llama d256, recompute-only: cap 8.9 MiB -> 19.7 MiB peak,
+    cap 5.1 MiB -> 49.4 MiB). So where no cap down to the reachable minimum
+    fits, caps around the budget (`NO_FIT_CAP_FACTORS`) are tried too, and
+    the plan with the lowest simulated peak is used (with a warning)."""
     assert state.budget is not None
     target = state.budget.budget_bytes
     floor = state.budget.minimum_bytes
     fixed = state.config.planner in ("keep_all", "recompute_all")
     cap = target
     attempts: list[PlanAttempt] = []
-    for attempt_index in range(state.config.max_replans + 1):
+    for _ in range(state.config.max_replans + 1):
         attempt = _attempt(state, cap)
         if attempt is None:
             break
         attempts.append(attempt)
-        state.replans = attempt_index
         excess = attempt.peak - target
         if excess <= 0 or fixed:
             break
@@ -226,15 +246,24 @@ def plan_stage(state: PartitionState) -> None:
         if new_cap < floor or new_cap >= cap:
             break
         cap = new_cap
+    if attempts and not fixed and all(a.peak > target for a in attempts):
+        attempts += _probe_caps(state, target, tried={a.cap for a in attempts})
     if not attempts:
         raise RuntimeError(
             f"adacc: planner {state.config.planner!r} found no plan within "
             f"{target} bytes (reachable minimum {state.budget.minimum_bytes})"
         )
+    state.replans = len(attempts) - 1
+    assert state.candidates is not None
     fitting = [a for a in attempts if a.peak <= target]
-    # The first attempt that fits is the least constrained (cheapest) one
-    # among the tightening steps; if none fits, the lowest simulated peak.
-    best = fitting[0] if fitting else min(attempts, key=lambda a: (a.peak, -a.cap))
+    # Of the plans that fit (the loop stops at its first; probes may add
+    # more), the cheapest; if none fits, the lowest simulated peak.
+    problem = state.candidates.problem
+    best = (
+        min(fitting, key=lambda a: (added_seconds(problem, a.solution), -a.cap))
+        if fitting
+        else min(attempts, key=lambda a: (a.peak, -a.cap))
+    )
     state.solution, state.saved_values = best.solution, best.saved
     state.fw_module, state.bw_module, state.timeline = best.fw, best.bw, best.timeline
     if best.peak > target and not fixed:

@@ -27,4 +27,5 @@ def test_inductor_matches_eager(name, budget):
     actual = loss_and_grads(model, compiled, *batch)
     assert_same(expected, actual, atol=2e-5, rtol=1e-4)
     summary = partitioner.reports[-1]["summary"]
-    assert summary["planned_saved_bytes"] <= summary["budget_bytes"]
+    if summary["activation_peak_fits_budget"]:  # else: lowest-peak plan, see test_backend_eager
+        assert summary["planned_saved_bytes"] <= summary["budget_bytes"]
