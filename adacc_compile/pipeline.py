@@ -177,9 +177,15 @@ class PlanAttempt:
         return self.timeline.activation_peak_bytes
 
 
-def _attempt(state: PartitionState, cap: int) -> PlanAttempt | None:
+def _attempt(state: PartitionState, cap: int, *, recompute: bool = True) -> PlanAttempt | None:
+    """``recompute=False``: only free recomputations (views) stay legal."""
     assert state.candidates is not None and state.info is not None and state.reduction is not None
     problem = dataclasses.replace(state.reduction.problem, budget_bytes=cap)
+    if not recompute:
+        problem = dataclasses.replace(problem, candidates=tuple(
+            dataclasses.replace(c, can_recompute=c.can_recompute and c.recompute_seconds == 0.0)
+            for c in problem.candidates
+        ))
     solution = get_policy(state.config.planner)(problem, state.solver_options)
     if solution.status == "infeasible":
         return None
@@ -196,19 +202,32 @@ def _attempt(state: PartitionState, cap: int) -> PlanAttempt | None:
 
 #: Where the tightening loop finds no plan that fits, boundary caps at these
 #: multiples of the budget are tried as well (each costs one solve, split and
-#: simulation; only on this path).
-NO_FIT_CAP_FACTORS = (0.75, 0.5, 1.5, 2.0)
+#: simulation; only on this path). A cap at or above the lowest peak found so
+#: far is skipped: a plan's activation peak includes its saved bytes.
+NO_FIT_CAP_FACTORS = (0.75, 0.5, 1.5, 2.0, 4.0, 8.0)
 
 
-def _probe_caps(state: PartitionState, target: int, tried: set[int]) -> list[PlanAttempt]:
-    assert state.budget is not None
+def _probe_caps(state: PartitionState, target: int, attempts: list[PlanAttempt]) -> list[PlanAttempt]:
+    assert state.budget is not None and state.reduction is not None
+    tried = {a.cap for a in attempts}
+    best_peak = min(a.peak for a in attempts)
     out = []
     for factor in NO_FIT_CAP_FACTORS:
         cap = int(target * factor)
-        if cap < state.budget.minimum_bytes or cap > state.budget.baseline_saved_bytes or cap in tried:
+        if cap < state.budget.minimum_bytes or cap > state.budget.baseline_saved_bytes or cap >= best_peak:
+            continue
+        if cap in tried:
             continue
         tried.add(cap)
         attempt = _attempt(state, cap)
+        if attempt is not None:
+            out.append(attempt)
+            best_peak = min(best_peak, attempt.peak)
+    if state.config.allow_recompute and any(c.compress for c in state.reduction.problem.candidates):
+        # Compression holds no working memory in the backward, recomputation
+        # does: at the budget, a plan that compresses instead of recomputing
+        # may fit where every mixed plan overshoots.
+        attempt = _attempt(state, target, recompute=False)
         if attempt is not None:
             out.append(attempt)
     return out
@@ -224,8 +243,10 @@ def plan_stage(state: PartitionState) -> None:
     MILP recompute long chains from the inputs, which the backward then holds
     all at once (Llama d256, recompute-only: cap 8.9 MiB -> 19.7 MiB peak,
     cap 5.1 MiB -> 49.4 MiB). So where no cap down to the reachable minimum
-    fits, caps around the budget (`NO_FIT_CAP_FACTORS`) are tried too, and
-    the plan with the lowest simulated peak is used (with a warning)."""
+    fits, caps from half to 8x the budget (`NO_FIT_CAP_FACTORS`) are tried
+    too, and (where codecs are on) a plan that compresses instead of
+    recomputing: the cheapest that fits is used, else the lowest simulated
+    peak (with a warning)."""
     assert state.budget is not None
     target = state.budget.budget_bytes
     floor = state.budget.minimum_bytes
@@ -247,7 +268,7 @@ def plan_stage(state: PartitionState) -> None:
             break
         cap = new_cap
     if attempts and not fixed and all(a.peak > target for a in attempts):
-        attempts += _probe_caps(state, target, tried={a.cap for a in attempts})
+        attempts += _probe_caps(state, target, attempts)
     if not attempts:
         raise RuntimeError(
             f"adacc: planner {state.config.planner!r} found no plan within "

@@ -47,7 +47,9 @@ def test_saved_bytes_fall_with_budget_and_never_exceed_it():
     planned = []
     for budget in (1.0, 0.8, 0.6, 0.4, 0.2, 0.05):
         torch._dynamo.reset()
-        compiled, partitioner = compile_with_reports(model, "adacc_eager", {"memory_budget": budget})
+        compiled, partitioner = compile_with_reports(
+            model, "adacc_eager", {"memory_budget": budget, "device_profile": "h100"}  # deterministic costs
+        )
         loss_and_grads(model, compiled, *batch)
         summary = partitioner.reports[-1]["summary"]
         if summary["activation_peak_fits_budget"]:
@@ -58,6 +60,15 @@ def test_saved_bytes_fall_with_budget_and_never_exceed_it():
     assert planned[-1] < planned[0] / 4
 
 
+def _tiny_llama():
+    from adacc_compile.models import Llama, LlamaConfig, init_weights
+
+    cfg = LlamaConfig(n_layer=2, d_model=64, n_head=4, seq_len=32, vocab_size=512, ffn_dim=170)
+    gen = torch.Generator().manual_seed(0)
+    batch = (torch.randint(0, 512, (2, 32), generator=gen), torch.randint(0, 512, (2, 32), generator=gen))
+    return init_weights(Llama(cfg)), batch
+
+
 def test_no_fit_uses_lowest_peak_over_caps_around_the_budget(monkeypatch):
     """Recompute-only at 0.1 on a small Llama: every cap down to zero makes
     the MILP recompute from the inputs, and the backward then holds almost
@@ -65,12 +76,8 @@ def test_no_fit_uses_lowest_peak_over_caps_around_the_budget(monkeypatch):
     peaks at less than half of that. Without the probes the plan is the
     ~0.95 MiB one."""
     from adacc_compile import pipeline
-    from adacc_compile.models import Llama, LlamaConfig, init_weights
 
-    cfg = LlamaConfig(n_layer=2, d_model=64, n_head=4, seq_len=32, vocab_size=512, ffn_dim=170)
-    model = init_weights(Llama(cfg))
-    gen = torch.Generator().manual_seed(0)
-    batch = (torch.randint(0, 512, (2, 32), generator=gen), torch.randint(0, 512, (2, 32), generator=gen))
+    model, batch = _tiny_llama()
     options = {"memory_budget": 0.1, "accuracy": "lossless", "codecs": (), "device_profile": "h100"}
     peaks = {}
     for probes in (pipeline.NO_FIT_CAP_FACTORS, ()):
@@ -96,36 +103,41 @@ def _backward_mm_count(module: torch.fx.GraphModule) -> int:
 
 
 def test_recompute_happens_in_backward():
-    """A tight budget must move matmuls into the backward graph: count them."""
+    """Recomputed matmul outputs put forward matmuls into the backward graph:
+    count them. At 0.5 (lossless, H100 costs) the MILP's plan fits only by
+    recomputing a linear output; ``recompute_all`` recomputes all four."""
+    from adacc_compile import compat
+    from adacc_compile.config import AdaccConfig
+    from adacc_compile.pipeline import PartitionState, run_pipeline
+
     model, batch = build("mlp")
     counts = {}
-    for budget in (1.0, 0.05):
+    runs = {
+        "keep": {"memory_budget": 1.0},
+        "milp@0.5": {"memory_budget": 0.5},
+        "recompute_all": {"memory_budget": 1.0, "planner": "recompute_all"},
+    }
+    for label, options in runs.items():
         torch._dynamo.reset()
         seen = []
 
-        from adacc_compile.config import AdaccConfig
-        from adacc_compile.pipeline import PartitionState, run_pipeline
-
         def partition(gm, joint_inputs, **kwargs):
-            state = PartitionState(
-                joint=gm,
-                config=AdaccConfig.from_options({"memory_budget": budget}),
-                num_fwd_outputs=kwargs["num_fwd_outputs"],
-            )
+            config = AdaccConfig.from_options({**options, "accuracy": "lossless", "device_profile": "h100"})
+            state = PartitionState(joint=gm, config=config, num_fwd_outputs=kwargs["num_fwd_outputs"])
             run_pipeline(state)
             seen.append(state)
             return state.fw_module, state.bw_module
 
-        from adacc_compile import compat
-
         compiled = torch.compile(model, backend=lambda gm, ex: compat.eager_aot_compile(gm, ex, partition))
-        loss_and_grads(model, compiled, *batch)
-        counts[budget] = _backward_mm_count(seen[-1].bw_module)
-        if budget < 1:
-            decisions = seen[-1].report["summary"]["decisions"]
-            assert decisions["recompute"] > 0
-    # 4 linear layers: recomputing their outputs adds forward matmuls to the backward.
-    assert counts[0.05] >= counts[1.0] + 3, counts
+        expected = loss_and_grads(model, model, *batch)
+        assert_same(expected, loss_and_grads(model, compiled, *batch), atol=1e-6, rtol=1e-5)
+        counts[label] = _backward_mm_count(seen[-1].bw_module)
+        summary = seen[-1].report["summary"]
+        if label == "milp@0.5":
+            assert summary["activation_peak_fits_budget"] and summary["decisions"]["recompute"] > 0
+    assert counts["milp@0.5"] >= counts["keep"] + 1, counts
+    # 4 linear layers: recomputing all their outputs adds forward matmuls to the backward.
+    assert counts["recompute_all"] >= counts["keep"] + 3, counts
 
 
 def test_infeasible_budget_warns_with_minimum_or_raises():
@@ -188,3 +200,34 @@ def test_default_accuracy_is_balanced_and_close_to_eager():
     summary = partitioner.reports[-1]["summary"]
     assert set(summary["codecs"]) <= {"bitmask", "int8_outlier"}
     assert_same(expected, actual, atol=1e-3, rtol=5e-2)
+
+
+def test_no_fit_tries_compressing_instead_of_recomputing(monkeypatch):
+    """Aggressive at 0.3 on a small Llama: every mixed plan's recompute
+    working memory overshoots the budget; compressing instead (no working
+    memory in the backward) fits. Without that probe nothing fits."""
+    from adacc_compile import pipeline
+
+    model, batch = _tiny_llama()
+    options = {"memory_budget": 0.3, "accuracy": "aggressive", "device_profile": "h100"}
+    original = pipeline._attempt
+    fits = {}
+    for probe in (True, False):
+        monkeypatch.setattr(
+            pipeline, "_attempt", lambda state, cap, *, recompute=True, probe=probe: (
+                original(state, cap, recompute=recompute) if probe or recompute else None
+            ),
+        )
+        torch._dynamo.reset()
+        compiled, partitioner = compile_with_reports(model, "adacc_eager", options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss_and_grads(model, compiled, *batch)
+        summary = partitioner.reports[-1]["summary"]
+        fits[probe] = summary["activation_peak_fits_budget"]
+        if fits[probe]:
+            assert summary["planned_saved_bytes"] <= summary["budget_bytes"]
+            assert summary["decisions"]["compress"] > 0
+        else:
+            assert any("simulated activation peak" in str(w.message) for w in caught)
+    assert fits == {True: True, False: False}
