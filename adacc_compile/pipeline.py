@@ -48,7 +48,7 @@ from adacc_compile.passes.compress_rewrite import apply_compression
 from adacc_compile.passes.device_profile import DeviceProfile, profile_by_name
 from adacc_compile.passes.memory_sim import MemoryTimeline, simulate_step
 from adacc_compile.passes.milp import SolverOptions
-from adacc_compile.passes.plan_problem import PlanSolution, added_seconds, check_solution
+from adacc_compile.passes.plan_problem import PlanProblem, PlanSolution, added_seconds, check_solution
 from adacc_compile.passes.policies import get_policy
 from adacc_compile.passes.rewrite import saved_values_for, split_joint_graph
 from adacc_compile.passes.structure import BlockReduction, no_reduction, reduce_identical_blocks
@@ -177,15 +177,21 @@ class PlanAttempt:
         return self.timeline.activation_peak_bytes
 
 
+def _without_costly_recompute(problem: PlanProblem) -> PlanProblem:
+    """The problem with only free recomputations (views) legal: the plan-level
+    twin of ``allow_recompute=False`` in the candidates pass."""
+    return dataclasses.replace(problem, candidates=tuple(
+        dataclasses.replace(c, can_recompute=c.can_recompute and c.recompute_seconds == 0.0)
+        for c in problem.candidates
+    ))
+
+
 def _attempt(state: PartitionState, cap: int, *, recompute: bool = True) -> PlanAttempt | None:
     """``recompute=False``: only free recomputations (views) stay legal."""
     assert state.candidates is not None and state.info is not None and state.reduction is not None
     problem = dataclasses.replace(state.reduction.problem, budget_bytes=cap)
     if not recompute:
-        problem = dataclasses.replace(problem, candidates=tuple(
-            dataclasses.replace(c, can_recompute=c.can_recompute and c.recompute_seconds == 0.0)
-            for c in problem.candidates
-        ))
+        problem = _without_costly_recompute(problem)
     solution = get_policy(state.config.planner)(problem, state.solver_options)
     if solution.status == "infeasible":
         return None
@@ -214,9 +220,8 @@ def _probe_caps(state: PartitionState, target: int, attempts: list[PlanAttempt])
     out = []
     for factor in NO_FIT_CAP_FACTORS:
         cap = int(target * factor)
-        if cap < state.budget.minimum_bytes or cap > state.budget.baseline_saved_bytes or cap >= best_peak:
-            continue
-        if cap in tried:
+        in_range = state.budget.minimum_bytes <= cap <= state.budget.baseline_saved_bytes
+        if not in_range or cap >= best_peak or cap in tried:
             continue
         tried.add(cap)
         attempt = _attempt(state, cap)

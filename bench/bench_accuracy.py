@@ -248,7 +248,8 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", nargs="+", default=["eager", *ACCURACY_VARIANTS],
                         choices=["eager", "inductor", "eager_bf16_init", *ACCURACY_VARIANTS, *COMPRESS_ONLY_VARIANTS],
                         help="the first one is the reference; inductor = torch.compile without adacc (a "
-                             "rounding-noise floor); eager_bf16_init = eager from the init rounded to bf16 (a chaos-noise floor); *_compress_only = allow_recompute False")
+                             "rounding-noise floor); eager_bf16_init = eager from the init rounded to "
+                             "bf16 (a chaos-noise floor); *_compress_only = allow_recompute False")
     parser.add_argument("--final-window", type=int, default=20)
     parser.add_argument("--val-batches", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],

@@ -13,8 +13,8 @@ worse (heavier outliers, a skew that wastes half of a symmetric range, a
 softmax that is not peaked). The forward is run once on the real inputs;
 every lossy option of every candidate is round-tripped on its real value
 (`Codec.calibrate`, on up to `SAMPLE_ELEMENTS` elements of whole rows); an
-option whose measured error exceeds the codec's declared bound is dropped before the MILP sees it, and the statistics
-(error, SQNR, abs max, outlier channels) go into the plan and ``plan.json``.
+option whose measured error exceeds the codec's declared bound is dropped
+before the MILP sees it, and the statistics (error, SQNR, abs max, outlier channels) go into the plan and ``plan.json``.
 
 When there are no real inputs (planning under fake tensors, e.g. the
 LLM-scale benchmark), or the inputs do not line up with the graph's primals,
@@ -176,7 +176,7 @@ def calibrated_candidates(candidates: CandidateSet, calibration: Calibration) ->
 #: last dim, from the start): on CPU the torch-reference codecs would
 #: otherwise make calibration cost more than planning. Measured on a GPT
 #: (d256, seq 256, batch 4, memory_budget 0.5, see bench/RESULTS.md):
-#: balanced 0.75 s for 77 options, aggressive 1.6 s for 258 options.
+#: balanced 0.75 s for 77 options, aggressive 1.6 s for 257 options.
 SAMPLE_ELEMENTS = 1 << 16
 
 
