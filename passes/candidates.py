@@ -12,7 +12,9 @@ a recompute chain). Legality per value:
   ``getitem`` outputs can), except views of a keepable candidate (keeping
   the base instead is never worse);
 * recompute: not for random ops (no RNG replay here), collectives, effectful
-  ops, or values PyTorch tagged "must save";
+  ops, values PyTorch tagged "must save", or values that read an input the
+  forward writes in place afterwards (`mutation.stale_reading`: the
+  recomputation would see the new contents);
 * compress: each codec whose ``applies`` check accepts the value (issue 4).
 """
 
@@ -27,6 +29,7 @@ import torch.fx as fx
 from adacc_compile.compat import JointGraphInfo, is_sym_node, must_save
 
 from .annotate import annotation
+from .mutation import stale_reading
 from .op_class import OpClass
 from .plan_problem import Candidate, CompressOption, PlanProblem
 
@@ -57,6 +60,7 @@ def find_candidates(
     required = _read_by_backward(gm, info)
     needed = _upstream_forward_values(required, forward)
     order = [n for n in gm.graph.nodes if n in needed]
+    stale = stale_reading([n for n in gm.graph.nodes if n in forward])
     candidates = []
     for node in order:
         ann = annotation(node)
@@ -70,7 +74,9 @@ def find_candidates(
                 inputs=inputs,
                 required=node in required,
                 can_keep=isinstance(val, torch.Tensor) and not _view_of_keepable(node, needed),
-                can_recompute=_recomputable(node) and (allow_recompute or ann.runtime_s == 0.0),
+                can_recompute=_recomputable(node)
+                and node not in stale
+                and (allow_recompute or ann.runtime_s == 0.0),
                 compress=compress_options(node) if compress_options else (),
                 block=ann.layer,
             )

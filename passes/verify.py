@@ -8,14 +8,21 @@ readable message instead of as wrong gradients:
   replay here; collectives must run exactly once);
 * every value the plan keeps is saved, and nothing it recomputes is saved;
 * every ``adacc`` compress output saved by the forward is read by a
-  decompress in the backward, and every decompress reads saved payloads.
+  decompress in the backward, and every decompress reads saved payloads;
+* no recomputation reads a graph input the forward writes in place (it
+  would see the new contents: `mutation`), and none starts from a value
+  decompressed by a codec that may not feed one (`Codec.feeds_recompute`).
 """
 
 from __future__ import annotations
 
 import torch.fx as fx
 
+from adacc_compile.kernels import get_codec
+
 from .candidates import CandidateSet
+from .compress_rewrite import DECOMPRESSED
+from .mutation import mutated_inputs, stale_recomputations
 from .op_class import OpClass, classify
 from .plan_problem import Decision, PlanSolution
 
@@ -52,6 +59,9 @@ def verify_split(
         if choice.decision is Decision.KEEP and name not in saved_names and name in bw_inputs:
             errors.append(f"{name} is planned as keep but not saved")
     errors += _compress_pairs(fw_module, bw_module, saved_names)
+    recomputed = lambda node: node.name in forward_names  # noqa: E731
+    errors += stale_recomputations(bw_module, mutated_inputs(fw_module), recomputed)
+    errors += _lossy_recompute_inputs(bw_module, recomputed)
     if errors:
         raise PlanVerificationError(
             "adacc plan verification failed:\n  " + "\n  ".join(errors)
@@ -79,4 +89,19 @@ def _compress_pairs(fw_module: fx.GraphModule, bw_module: fx.GraphModule, saved:
                 errors.append(f"decompress {node.name} reads values that are not saved payloads: {sorted(names - saved)}")
     for payload in sorted(saved_payloads - read_by_decompress):
         errors.append(f"compressed payload {payload} is saved but never decompressed")
+    return errors
+
+
+def _lossy_recompute_inputs(bw_module: fx.GraphModule, recomputed) -> list[str]:
+    errors = []
+    for node in bw_module.graph.nodes:
+        if node.op != "call_function" or not recomputed(node):
+            continue
+        for arg in node.all_input_nodes:
+            codec = arg.meta.get(DECOMPRESSED)
+            if codec is not None and not get_codec(codec).feeds_recompute:
+                errors.append(
+                    f"{node.name} is recomputed from {arg.name}, decompressed by {codec}, "
+                    f"which may not feed a recomputation"
+                )
     return errors
