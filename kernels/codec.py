@@ -125,6 +125,18 @@ class Codec:
     error_bound: float = 0.0
     decompress_kind: DecompressKind = DecompressKind.VALUE
 
+    @property
+    def feeds_recompute(self) -> bool:
+        """May a recomputation start from the decompressed value?
+
+        Only when decompression gives the value back exactly: a lossy codec
+        bounds the error of the value itself, not of everything recomputed
+        from it (errors grow through the chain and reach the gradients of
+        earlier layers), and a few-bit codec gives back a derivative. A
+        lossy codec that can bound its effect on a recomputation may
+        override this; none does."""
+        return self.lossless and self.decompress_kind is DecompressKind.VALUE
+
     def applies(self, query: ApplyQuery) -> bool:
         raise NotImplementedError
 

@@ -30,9 +30,10 @@ place the worst seed moved 0.48%, inside the 0.5% target. softmax_u8 is
 offered for softmax outputs only, never log-softmax.
 
 Cost: compress + decompress seconds. With a calibrated (measured) device
-profile the codec itself is timed on the current device once per process
-(the CPU path is the torch reference, much slower than a copy, so compression
-is rarely worth it on CPU; on GPU the Triton kernels run near bandwidth).
+profile the codec itself is timed on the current device when the profile is
+measured, and cached with it (`profile_cache`; the CPU path is the torch
+reference, much slower than a copy, so compression is rarely worth it on
+CPU; on GPU the Triton kernels run near bandwidth).
 With a built-in GPU profile the cost is bytes moved over bandwidth.
 """
 
@@ -108,7 +109,7 @@ def make_compress_options(
                     seconds=codec_seconds(codec, query.shape, query.dtype, profile)
                     + (restride if codec.decompress_kind is DecompressKind.VALUE else 0.0),
                     error=codec.error_bound,
-                    provides_value=codec.decompress_kind is DecompressKind.VALUE,
+                    feeds_recompute=codec.feeds_recompute,
                 )
             )
         return tuple(out)
@@ -127,9 +128,32 @@ def codec_seconds(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, prof
         numel *= s
     if profile in BUILTIN_PROFILES.values() or not profile.name.startswith("calibrated"):
         return codec.cost_seconds(shape, dtype, profile.memory_bytes_per_s) + 2 * profile.launch_overhead_s
-    device = profile.name.removeprefix("calibrated ").strip() or "cpu"
-    seconds_per_element = _measured_seconds_per_element(codec.name, dtype, device)
+    seconds_per_element = profile.codec_seconds_per_element.get(codec_key(codec.name, dtype))
+    if seconds_per_element is None:  # a codec registered after the profile was measured
+        device = profile.name.removeprefix("calibrated ").strip() or "cpu"
+        seconds_per_element = _measured_seconds_per_element(codec.name, dtype, device)
     return numel * seconds_per_element + 2 * profile.launch_overhead_s
+
+
+MEASURED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.bool)
+"""The dtypes every codec is timed on when a device profile is measured."""
+
+
+def codec_key(name: str, dtype: torch.dtype) -> str:
+    return f"{name}/{str(dtype).removeprefix('torch.')}"
+
+
+def measure_codec_seconds(device: str) -> dict[str, float]:
+    """Compress + decompress seconds per element of every registered codec on
+    every dtype of `MEASURED_DTYPES` it accepts (for a measured profile)."""
+    out = {}
+    with compat.real_tensors():
+        for name in available_codecs():
+            for dtype in MEASURED_DTYPES:
+                seconds = _time_codec(name, dtype, device)
+                if seconds != float("inf"):
+                    out[codec_key(name, dtype)] = seconds
+    return out
 
 
 @functools.lru_cache(maxsize=None)

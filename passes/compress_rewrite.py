@@ -37,6 +37,11 @@ from .plan_problem import Decision, PlanSolution
 
 _ACTIVATION_BACKWARD = ("gelu_backward", "silu_backward")
 
+DECOMPRESSED = "adacc_decompressed"
+"""Meta key on every backward node that makes (or restores the layout of) a
+decompressed value; its value is the codec name. The memory simulator counts
+these as activation memory and `verify` checks what reads them."""
+
 
 def apply_compression(
     fw_module: fx.GraphModule,
@@ -108,8 +113,10 @@ def _insert_decompress(graph: fx.Graph, saved: fx.Node, payload: list[fx.Node], 
             name=f"{saved.name}_{codec.name}_restored",
         )
     restored.meta["val"] = codec.decompress_op([p.meta["val"] for p in inputs], shape, fake.dtype)
+    restored.meta[DECOMPRESSED] = codec.name
     if codec.decompress_kind is DecompressKind.VALUE:
         restored = _restore_layout(graph, restored, fake)
+        restored.meta[DECOMPRESSED] = codec.name
     if codec.decompress_kind is DecompressKind.DERIVATIVE:
         for reader in readers:
             _replace_activation_backward(graph, reader, restored)
@@ -145,15 +152,18 @@ def _restore_layout(graph: fx.Graph, restored: fx.Node, fake: torch.Tensor) -> f
     val = restored.meta["val"]
     nodes = []
     anchor = restored
-    for target, args in (
-        (aten.permute.default, (order,)),
-        (aten.clone.default, ()),
-        (aten.permute.default, (inverse,)),
-    ):
+    steps = ((aten.permute.default, (order,)), (aten.clone.default, ()), (aten.permute.default, (inverse,)))
+    for step, (target, args) in enumerate(steps):
+        kwargs = {"memory_format": torch.contiguous_format} if target is aten.clone.default else {}
         with graph.inserting_after(anchor):
-            node = graph.call_function(target, (anchor, *args), {"memory_format": torch.contiguous_format} if target is aten.clone.default else {})
+            # Named after the decompress: a generated name could collide with
+            # a forward node's, and recomputed nodes are known by their names.
+            node = graph.create_node(
+                "call_function", target, (anchor, *args), kwargs, name=f"{restored.name}_layout_{step}"
+            )
         val = target(val, *args, **node.kwargs)
         node.meta["val"] = val
+        node.meta[DECOMPRESSED] = restored.meta[DECOMPRESSED]
         nodes.append(node)
         anchor = node
     return nodes[-1]
@@ -166,7 +176,10 @@ def _replace_activation_backward(graph: fx.Graph, node: fx.Node, derivative: fx.
             f"few-bit codec output read by {node.target}; only {_ACTIVATION_BACKWARD} may read it"
         )
     with graph.inserting_before(node):
-        product = graph.call_function(torch.ops.aten.mul.Tensor, (node.args[0], derivative))
+        product = graph.create_node(
+            "call_function", torch.ops.aten.mul.Tensor, (node.args[0], derivative),
+            name=f"{derivative.name}_times_grad",
+        )
     product.meta["val"] = node.meta.get("val")
     node.replace_all_uses_with(product)
     graph.erase_node(node)

@@ -80,7 +80,7 @@ def _trials(cand: Candidate, by_name: dict[str, Candidate], state: dict[str, Cho
         c.decision is Decision.RECOMPUTE and cand.name in by_name[n].inputs for n, c in state.items()
     )
     for option in cand.compress:
-        if needed_as_value and not option.provides_value:
+        if needed_as_value and not option.feeds_recompute:
             continue
         trial = dict(state)
         trial[cand.name] = Choice(decision=Decision.COMPRESS, codec=option.codec)
@@ -88,28 +88,43 @@ def _trials(cand: Candidate, by_name: dict[str, Candidate], state: dict[str, Cho
 
 
 def _gives_no_value(by_name: dict[str, Candidate], state: dict[str, Choice], name: str) -> bool:
-    """True when ``name`` is compressed with a codec that yields no value."""
+    """True when ``name`` is compressed with a codec that may not feed a
+    recomputation (lossy or few-bit)."""
     choice = state.get(name)
     if choice is None or choice.decision is not Decision.COMPRESS or name not in by_name:
         return False
-    return not next(o.provides_value for o in by_name[name].compress if o.codec == choice.codec)
+    return not next(o.feeds_recompute for o in by_name[name].compress if o.codec == choice.codec)
 
 
 def _make_available(
     name: str, by_name: dict[str, Candidate], state: dict[str, Choice], *, prefer_keep: bool
 ) -> None:
+    """Gives ``name`` an option (and its inputs, recursively): keep where
+    ``prefer_keep`` or where it cannot be recomputed, else recompute; a
+    recomputation whose inputs cannot all be made available (e.g. a dropout
+    mask's producer, which can be neither kept nor recomputed) falls back to
+    keeping ``name``."""
     if name in state:
         return
     cand = by_name[name]
     if cand.can_keep and (prefer_keep or not cand.can_recompute):
         state[name] = Choice(decision=Decision.KEEP)
         return
-    if not cand.can_recompute:
-        raise _Stuck(f"{name} can be neither kept nor recomputed")
-    state[name] = Choice(decision=Decision.RECOMPUTE)
-    for inp in cand.inputs:
-        if inp in by_name:
-            _make_available(inp, by_name, state, prefer_keep=prefer_keep)
+    if cand.can_recompute and not any(_gives_no_value(by_name, state, i) for i in cand.inputs):
+        trial = dict(state)
+        trial[name] = Choice(decision=Decision.RECOMPUTE)
+        try:
+            for inp in cand.inputs:
+                if inp in by_name:
+                    _make_available(inp, by_name, trial, prefer_keep=prefer_keep)
+        except _Stuck:
+            pass
+        else:
+            state.update(trial)
+            return
+    if not cand.can_keep:
+        raise _Stuck(f"{name} can be neither kept nor recomputed from available values")
+    state[name] = Choice(decision=Decision.KEEP)
 
 
 def _bytes(problem: PlanProblem, state: dict[str, Choice]) -> int:

@@ -6,7 +6,9 @@ Variables, for every candidate value v (only the legal ones exist):
 * one option at most: ``keep + rec + Σc comp ≤ 1``, and ``= 1`` where a
   backward node reads v;
 * recompute needs inputs: ``rec[v] ≤ keep[u] + rec[u] + Σc comp[u, c]`` for
-  every candidate input u (graph inputs and parameters are always there);
+  every candidate input u (graph inputs and parameters are always there),
+  the sum over codecs that give u back exactly (a lossy or few-bit payload
+  never feeds a recomputation);
 * memory at the forward/backward boundary:
   ``Σ keep·bytes + Σ comp·compressed_bytes ≤ budget``;
 * objective: added time ``Σ rec·t_rec + Σ comp·t_codec`` (µs), plus a tie
@@ -65,8 +67,9 @@ class _Var:
     nbytes: int
     window: str | None = None
     """Set on an ``ov[v, w]`` variable (issue 5)."""
-    provides_value: bool = True
-    """False for codecs that cannot feed a recompute (few-bit derivatives)."""
+    feeds_recompute: bool = True
+    """False for codecs whose output may not feed a recompute (lossy or
+    few-bit: `CompressOption.feeds_recompute`)."""
 
 
 @dataclass(slots=True)
@@ -163,7 +166,7 @@ def _build(problem: PlanProblem, *, minimize: str, time_cap_s: float | None) -> 
                 if inp not in names:
                     continue
                 supply = [
-                    i for i in model.by_candidate.get(inp, []) if model.vars[i].provides_value
+                    i for i in model.by_candidate.get(inp, []) if model.vars[i].feeds_recompute
                 ]
                 # rec[v] - Σ avail[u] ≤ 0
                 model.rows.append(
@@ -241,7 +244,7 @@ def _options(cand: Candidate) -> list[_Var]:
         out.append(
             _Var(
                 cand.name, Decision.COMPRESS, opt.codec, opt.seconds, opt.nbytes,
-                provides_value=opt.provides_value,
+                feeds_recompute=opt.feeds_recompute,
             )
         )
     return out

@@ -33,9 +33,11 @@ class CompressOption:
     """Compress + decompress time."""
     error: float = 0.0
     """Declared relative error (0 for lossless codecs)."""
-    provides_value: bool = True
-    """False for codecs whose decompress yields something other than the
-    value (few-bit activation derivatives): they cannot feed a recompute."""
+    feeds_recompute: bool = True
+    """May a recomputation start from the decompressed value? Only where the
+    codec gives the value back exactly (`Codec.feeds_recompute`): a lossy
+    codec's bound holds for the value itself, not for what is recomputed
+    from it, and few-bit codecs give back a derivative, not the value."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,8 +176,10 @@ def check_solution(problem: PlanProblem, solution: PlanSolution) -> list[str]:
                     continue
                 if solution.decision(inp) is Decision.NONE:
                     errors.append(f"{cand.name}: recomputed but input {inp} is unavailable")
-                elif not _provides_value(by_name[inp], solution.choices[inp]):
-                    errors.append(f"{cand.name}: recomputed from {inp}, whose codec gives no value")
+                elif not _feeds_recompute(by_name[inp], solution.choices[inp]):
+                    errors.append(
+                        f"{cand.name}: recomputed from {inp}, whose codec may not feed a recompute"
+                    )
     if problem.budget_bytes is not None and saved_bytes(problem, solution) > problem.budget_bytes:
         errors.append(
             f"saved {saved_bytes(problem, solution)} bytes > budget {problem.budget_bytes}"
@@ -232,7 +236,7 @@ def check_windows(problem: PlanProblem, solution: PlanSolution) -> list[str]:
     return errors
 
 
-def _provides_value(cand: Candidate, choice: Choice) -> bool:
+def _feeds_recompute(cand: Candidate, choice: Choice) -> bool:
     if choice.decision is not Decision.COMPRESS:
         return True
-    return next(o.provides_value for o in cand.compress if o.codec == choice.codec)
+    return next(o.feeds_recompute for o in cand.compress if o.codec == choice.codec)

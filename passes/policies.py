@@ -41,7 +41,21 @@ def milp_policy(problem: PlanProblem, options: SolverOptions) -> PlanSolution:
 
 
 def greedy_policy(problem: PlanProblem, options: SolverOptions) -> PlanSolution:
-    return solve_greedy(problem)
+    """Greedy; where its one-change-at-a-time search stops above a budget
+    that a legal plan reaches (e.g. the reachable minimum the budget was
+    clamped to), the MILP's plan is used instead, with a warning."""
+    solution = solve_greedy(problem)
+    if solution.status != "infeasible":
+        return solution
+    fallback = solve_milp(problem, options)
+    if fallback.status == "infeasible":
+        return solution
+    warnings.warn(
+        f"adacc: the greedy planner found no plan within {problem.budget_bytes} bytes; using the "
+        f"MILP's plan (status {fallback.status})",
+        stacklevel=2,
+    )
+    return dataclasses.replace(fallback, notes=(*fallback.notes, "greedy over budget"))
 
 
 def keep_all_policy(problem: PlanProblem, options: SolverOptions) -> PlanSolution:

@@ -56,7 +56,7 @@ def random_problem(rng: random.Random, n: int, with_codecs: bool) -> PlanProblem
             compress = (
                 CompressOption(
                     codec="c8", nbytes=b // 2, seconds=rng.uniform(0.5, 3) * 1e-6,
-                    provides_value=rng.random() < 0.7,
+                    feeds_recompute=rng.random() < 0.7,
                 ),
             )
         cands.append(
