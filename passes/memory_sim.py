@@ -8,6 +8,15 @@ backward use; gradients stay alive to the end of the step. Views and
 ``getitem`` share their base's storage. Graph inputs (parameters, data,
 tangents) exist before the step and are not counted.
 
+Activation memory is what the forward made for the backward: the saved
+values, values recomputed inside the backward, and decompressed values
+(tagged `compress_rewrite.DECOMPRESSED`), each until its last use.
+
+A multi-output node's storages are kept by output position, ``None``
+outputs included (``convolution_backward`` returns ``(None, grad_w,
+grad_b)`` when its input needs no gradient), so ``getitem(node, k)``
+aliases the k-th output.
+
 Codec ops (``torch.ops.adacc.<codec>_compress`` / ``_decompress``) also
 need scratch memory while they run: the codec declares it
 (`Codec.compress_workspace_nbytes`), for the device the node's tensors live
@@ -31,6 +40,7 @@ import torch.fx as fx
 from adacc_compile.compat import concrete_int
 from adacc_compile.kernels import Codec, available_codecs, get_codec
 
+from .compress_rewrite import DECOMPRESSED
 from .op_class import is_view_op
 
 
@@ -117,7 +127,7 @@ def simulate_step(
     )
     saved_storages: dict[int, _Storage] = {}
     for out in saved_outputs:
-        for storage in fw_storages.get(out, ()):
+        for storage in _real(fw_storages.get(out, ())):
             storage.activation = True
             saved_storages[id(storage)] = storage
     # Storages that reach the boundary are now "activations"; the backward's
@@ -131,7 +141,7 @@ def simulate_step(
     saved_by_name = {n.name: fw_storages.get(n, []) for n in saved_outputs}
     preset = {}
     for node in bw_inputs:
-        storages = saved_by_name.get(node.name)
+        storages = _real(saved_by_name.get(node.name, ()))
         if storages:
             preset[node] = storages
     for storage in saved_storages.values():
@@ -218,11 +228,12 @@ def _run_graph(
     for index, node in enumerate(nodes):
         if node.op == "placeholder":
             storages[node] = preset.get(node, [])
-            for storage in storages[node]:
+            for storage in _real(storages[node]):
                 storage.refs += 1
         elif node.op == "call_function":
-            storages[node] = _outputs_of(node, storages, node.name in activation_names)
-            for storage in storages[node]:
+            activation = node.name in activation_names or DECOMPRESSED in node.meta
+            storages[node] = _outputs_of(node, storages, activation)
+            for storage in _real(storages[node]):
                 if storage.refs == 0:
                     state.alloc(storage)
                 storage.refs += 1
@@ -242,7 +253,7 @@ def _run_graph(
         for dead in dying:
             if dead in keep:
                 continue
-            for storage in storages.get(dead, ()):
+            for storage in _real(storages.get(dead, ())):
                 storage.refs -= 1
                 if storage.refs == 0:
                     state.free(storage)
@@ -259,20 +270,30 @@ def _workspace_of(node: fx.Node, workspaces: dict[Any, WorkspaceFn] | None) -> i
     return estimate(node) if estimate is not None else 0
 
 
+def _real(storages: Iterable[_Storage | None]) -> list[_Storage]:
+    return [s for s in storages if s is not None]
+
+
 def _outputs_of(
-    node: fx.Node, storages: dict[fx.Node, list[_Storage]], activation: bool
-) -> list[_Storage]:
+    node: fx.Node, storages: dict[fx.Node, list[_Storage | None]], activation: bool
+) -> list[_Storage | None]:
+    """The node's storages: one per output position (``None`` where an
+    output is not a tensor); a view shares its base's."""
     if is_view_op(node):
         base = node.args[0]
         base_storages = storages.get(base, []) if isinstance(base, fx.Node) else []
-        if getattr(node.target, "__name__", "") == "getitem" and len(base_storages) > 1:
+        if getattr(node.target, "__name__", "") == "getitem" and isinstance(base, fx.Node) and isinstance(
+            base.meta.get("val"), (list, tuple)
+        ):
             index = node.args[1]
-            return [base_storages[index]] if isinstance(index, int) and index < len(base_storages) else []
-        return list(base_storages[:1])
+            hit = base_storages[index] if isinstance(index, int) and index < len(base_storages) else None
+            return [hit] if hit is not None else []
+        return _real(base_storages)[:1]
     val = node.meta.get("val")
     values = val if isinstance(val, (list, tuple)) else [val]
-    out = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            out.append(_Storage(nbytes=concrete_int(v.numel()) * v.element_size(), activation=activation))
-    return out
+    return [
+        _Storage(nbytes=concrete_int(v.numel()) * v.element_size(), activation=activation)
+        if isinstance(v, torch.Tensor)
+        else None
+        for v in values
+    ]

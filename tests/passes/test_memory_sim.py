@@ -130,3 +130,66 @@ def test_codec_workspace_follows_device_of_fake_tensors(monkeypatch):
     assert expected == codec.workspace(shape, torch.float32, triton=True).compress
     assert 0 < expected < codec.workspace(shape, torch.float32, triton=False).compress
     assert live[("forward", compress_name)] == 256 * 256 * 4 + payload + expected
+
+
+def test_decompressed_value_is_activation_memory(monkeypatch):
+    """The decompressed tensor is the forward's value brought back for the
+    backward: activation memory until its last use, like a recomputation.
+    (The simulator once counted only the payload.)"""
+    from adacc_compile.passes.compress_rewrite import DECOMPRESSED
+
+    monkeypatch.setenv("ADACC_KERNELS", "auto")
+    shape = (256, 256)
+    codec, fw, bw, _, decompress_name = _codec_step("cpu", shape=shape)
+    node = next(n for n in bw.graph.nodes if n.name == decompress_name)
+    node.meta[DECOMPRESSED] = codec.name  # as compress_rewrite tags it
+    timeline = simulate_step(fw, bw, num_fwd_outputs=0)
+    payload = codec.compressed_nbytes(shape, torch.float32)
+    events = {(e.phase, e.node): e for e in timeline.events}
+    assert events[("backward", decompress_name)].activation_bytes == payload + 256 * 256 * 4
+    assert timeline.activation_peak_bytes == payload + 256 * 256 * 4
+
+
+def test_getitem_of_an_output_after_none_outputs():
+    """``convolution_backward`` returns ``(None, grad_w, grad_b)`` when its
+    input needs no gradient: ``getitem(cb, 1)`` is grad_w, not grad_b."""
+    import operator
+
+    import torch.fx as fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        grad_out = torch.empty(8, 16, 30, 30)
+        x = torch.empty(8, 3, 32, 32)
+        w = torch.empty(16, 3, 3, 3)
+        values = torch.ops.aten.convolution_backward.default(
+            grad_out, x, w, [16], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [False, True, True]
+        )
+    assert values[0] is None
+    g = fx.Graph()
+    nodes = {}
+    for name, val in (("tangent", grad_out), ("x", x), ("w", w)):
+        nodes[name] = g.placeholder(name)
+        nodes[name].meta["val"] = val
+    cb = g.call_function(
+        torch.ops.aten.convolution_backward.default,
+        (nodes["tangent"], nodes["x"], nodes["w"], [16], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [False, True, True]),
+        name="cb",
+    )
+    cb.meta["val"] = values
+    grad_w = g.call_function(operator.getitem, (cb, 1), name="grad_w")
+    grad_w.meta["val"] = values[1]
+    grad_b = g.call_function(operator.getitem, (cb, 2), name="grad_b")
+    grad_b.meta["val"] = values[2]
+    # grad_b is used (and freed) right away; grad_w is held to the end.
+    scaled = g.call_function(torch.ops.aten.mul.Tensor, (grad_b, 2.0), name="scaled")
+    scaled.meta["val"] = torch.empty(16, device="meta")
+    g.output((grad_w, scaled))
+    fw = fx.Graph()
+    fw.output(())
+    timeline = simulate_step(fx.GraphModule({}, fw), fx.GraphModule({}, g), num_fwd_outputs=0)
+    live = {e.node: e.live_bytes for e in timeline.events if e.phase == "backward"}
+    w_bytes, b_bytes = 16 * 3 * 3 * 3 * 4, 16 * 4
+    assert live["cb"] == w_bytes + b_bytes
+    assert live["scaled"] == w_bytes + 2 * b_bytes  # grad_w, grad_b (read here), scaled
+    assert live["<output>"] == w_bytes + b_bytes  # grad_w and scaled stay: outputs
