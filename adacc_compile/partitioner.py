@@ -18,6 +18,7 @@ import torch.fx as fx
 
 from adacc_compile import compat
 from adacc_compile.config import AdaccConfig
+from adacc_compile.passes.device_profile import profile_by_name
 from adacc_compile.pipeline import PartitionState, run_pipeline
 
 _SOURCE_ROOTS = (pathlib.Path(__file__).parent,)
@@ -51,6 +52,13 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         # Inductor deep-copies its config patches; sharing the instance keeps
         # `reports` visible to the caller (the config itself is immutable).
         return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Inductor's FX graph cache key pickles its whole config, this object
+        # included (besides `uuid()`): only the config may go into that pickle,
+        # not the reports (timings) or the batch held for calibration, or no
+        # key would ever repeat.
+        return (AdaccPartitioner, (self.config,))
 
     def __call__(
         self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
@@ -89,8 +97,10 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         return functools.partial(self.compile, eager=eager)
 
     def uuid(self) -> str:
-        """Config + adacc sources: a graph planned under other options or by
-        other code is never served from Inductor's cache."""
+        """Config + adacc sources + the device profile's figures: a graph
+        planned under other options, by other code or under other costs is
+        never served from Inductor's cache."""
+        profile = profile_by_name(self.config.device_profile)
         return hashlib.sha256(
-            (self.config.to_json() + _source_digest()).encode()
+            (self.config.to_json() + _source_digest() + profile.digest()).encode()
         ).hexdigest()

@@ -6,14 +6,19 @@ time, plus a launch overhead) is coarse but monotone in the right quantities,
 which is what a MILP that compares "recompute a matmul" with "recompute a
 norm" needs. Built-in profiles cover common GPUs (vendor datasheet peaks,
 dense, derated to what kernels reach); `calibrate` measures the current
-device, CPU included, once per process.
+device, CPU included, once per machine (`profile_cache`: the measurement
+is cached on disk, so the same model and options give the same plan in every
+process).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -32,6 +37,10 @@ class DeviceProfile:
     """Achievable memory bandwidth (read + write)."""
     launch_overhead_s: float = 5e-6
     """Fixed cost per kernel."""
+    codec_seconds_per_element: dict[str, float] = field(default_factory=dict)
+    """Measured compress + decompress time per element, keyed
+    ``"<codec>/<dtype>"`` (measured profiles only; built-in GPU profiles
+    derive codec time from bytes moved)."""
 
     def matmul_rate(self, dtype: torch.dtype | None) -> float:
         key = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
@@ -46,14 +55,34 @@ class DeviceProfile:
         rate = self.matmul_rate(dtype) if is_matmul else self.elementwise_flops_per_s
         return max(flops / rate, bytes_moved / self.memory_bytes_per_s) + self.launch_overhead_s
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "matmul_flops_per_s": dict(self.matmul_flops_per_s),
             "elementwise_flops_per_s": self.elementwise_flops_per_s,
             "memory_bytes_per_s": self.memory_bytes_per_s,
             "launch_overhead_s": self.launch_overhead_s,
+            "codec_seconds_per_element": dict(self.codec_seconds_per_element),
         }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> "DeviceProfile":
+        return DeviceProfile(
+            name=str(data["name"]),
+            matmul_flops_per_s={str(k): float(v) for k, v in data["matmul_flops_per_s"].items()},
+            elementwise_flops_per_s=float(data["elementwise_flops_per_s"]),
+            memory_bytes_per_s=float(data["memory_bytes_per_s"]),
+            launch_overhead_s=float(data["launch_overhead_s"]),
+            codec_seconds_per_element={
+                str(k): float(v) for k, v in data.get("codec_seconds_per_element", {}).items()
+            },
+        )
+
+    def digest(self) -> str:
+        """Hash of every figure: part of the partitioner's cache key, since
+        the plan follows the costs."""
+        text = json.dumps(self.to_json(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _gpu(name: str, bf16: float, tf32: float, fp32: float, bandwidth: float) -> DeviceProfile:
@@ -81,13 +110,15 @@ BUILTIN_PROFILES: dict[str, DeviceProfile] = {
 
 
 def profile_by_name(name: str) -> DeviceProfile:
-    """A built-in profile, "cpu"/"calibrate" (measured), or "auto"."""
+    """A built-in profile, "cpu" (measured once per machine, cached on disk),
+    "calibrate" (measured now; the cache is refreshed), or "auto"."""
     key = name.lower()
     if key in BUILTIN_PROFILES:
         return BUILTIN_PROFILES[key]
-    if key in ("cpu", "calibrate"):
-        device = "cpu" if key == "cpu" or not torch.cuda.is_available() else "cuda"
-        return calibrate(device)
+    if key == "cpu":
+        return calibrate("cpu")
+    if key == "calibrate":
+        return calibrate("cuda" if torch.cuda.is_available() else "cpu", refresh=True)
     if key == "auto":
         return detect_profile()
     valid = ", ".join([*BUILTIN_PROFILES, "cpu", "calibrate", "auto"])
@@ -105,9 +136,17 @@ def detect_profile() -> DeviceProfile:
     return calibrate("cpu")
 
 
-@functools.lru_cache(maxsize=None)
-def calibrate(device: str = "cpu") -> DeviceProfile:
-    """Measures matmul FLOP/s, copy bandwidth and launch overhead (cached).
+def calibrate(device: str = "cpu", *, refresh: bool = False) -> DeviceProfile:
+    """The measured profile of this machine's ``device``: measured once and
+    cached on disk and in the process (`profile_cache`); ``refresh=True``
+    (or env ``ADACC_REMEASURE=1``) measures again and replaces the cache."""
+    from .profile_cache import cached_profile
+
+    return cached_profile(device, refresh=refresh)
+
+
+def measure_roofline(device: str) -> DeviceProfile:
+    """Measures matmul FLOP/s, copy bandwidth and launch overhead.
 
     Small sizes keep this under a second on a CPU; the medians of a few
     repeats resist noise from a shared machine.

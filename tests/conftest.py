@@ -23,3 +23,16 @@ def _fresh_compile_state():
     torch._dynamo.reset()
     if saved_dump is not None:
         os.environ["ADACC_DUMP_DIR"] = saved_dump
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_profile_cache(tmp_path_factory):
+    """Measured device profiles go to a cache of the test session's own, not
+    the user's (`adacc_compile.passes.profile_cache`)."""
+    saved = os.environ.get("ADACC_CACHE_DIR")
+    os.environ["ADACC_CACHE_DIR"] = str(tmp_path_factory.mktemp("adacc_cache"))
+    yield
+    if saved is None:
+        os.environ.pop("ADACC_CACHE_DIR", None)
+    else:
+        os.environ["ADACC_CACHE_DIR"] = saved

@@ -1,0 +1,82 @@
+"""Measured device profiles are measured once per machine and cached on
+disk: a new process reads the same figures (and so makes the same plan)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adacc_compile.passes import device_profile, profile_cache
+
+
+@pytest.fixture
+def fresh_process(monkeypatch, tmp_path):
+    """A cache dir of its own and an empty in-process cache, as in a new process."""
+    monkeypatch.setenv("ADACC_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("ADACC_REMEASURE", raising=False)
+    monkeypatch.setattr(profile_cache, "_IN_PROCESS", {})
+    monkeypatch.setattr(profile_cache, "_REMEASURED", set())
+    return tmp_path
+
+
+def _forbid_measuring(monkeypatch):
+    def fail(device):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(profile_cache, "measure_roofline", fail)
+
+
+def test_measured_once_then_read_back(fresh_process, monkeypatch):
+    first = device_profile.calibrate("cpu")
+    files = list(fresh_process.glob("device_profile-*.json"))
+    assert len(files) == 1
+    data = json.loads(files[0].read_text())
+    assert data["key"]["torch"] and data["key"]["device"] == "cpu"
+    assert first.codec_seconds_per_element, "codec timings are part of the profile"
+    monkeypatch.setattr(profile_cache, "_IN_PROCESS", {})  # "a new process"
+    _forbid_measuring(monkeypatch)
+    second = device_profile.calibrate("cpu")
+    assert second == first and second.digest() == first.digest()
+
+
+def test_remeasure_by_env_or_option(fresh_process, monkeypatch):
+    first = device_profile.calibrate("cpu")
+    calls = []
+    real = profile_cache.measure_roofline
+    monkeypatch.setattr(profile_cache, "measure_roofline", lambda d: calls.append(d) or real(d))
+    monkeypatch.setattr(profile_cache, "_IN_PROCESS", {})
+    monkeypatch.setenv("ADACC_REMEASURE", "1")
+    device_profile.calibrate("cpu")
+    device_profile.calibrate("cpu")  # once per process, not per call
+    assert calls == ["cpu"]
+    monkeypatch.delenv("ADACC_REMEASURE")
+    monkeypatch.setattr(profile_cache, "_REMEASURED", set())
+    device_profile.profile_by_name("calibrate")
+    assert calls == ["cpu", "cpu"]
+    assert first.name == device_profile.calibrate("cpu").name
+
+
+def test_unwritable_cache_warns_and_still_measures(fresh_process, monkeypatch):
+    blocker = fresh_process / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("ADACC_CACHE_DIR", str(blocker / "adacc"))
+    with pytest.warns(UserWarning, match="cannot cache the measured device profile"):
+        profile = device_profile.calibrate("cpu")
+    assert profile.memory_bytes_per_s > 0
+
+
+def test_profile_digest_reaches_the_partitioner_uuid(fresh_process, monkeypatch):
+    from adacc_compile.config import AdaccConfig
+    from adacc_compile.partitioner import AdaccPartitioner
+
+    partitioner = AdaccPartitioner(AdaccConfig.from_options({"device_profile": "cpu"}))
+    before = partitioner.uuid()
+    assert before == partitioner.uuid()
+    cached = profile_cache._IN_PROCESS["cpu"]
+    import dataclasses
+
+    monkeypatch.setitem(
+        profile_cache._IN_PROCESS, "cpu", dataclasses.replace(cached, memory_bytes_per_s=cached.memory_bytes_per_s * 2)
+    )
+    assert partitioner.uuid() != before
