@@ -65,7 +65,9 @@ class VariantResult:
         return statistics.median(self.step_seconds) if self.step_seconds else float("nan")
 
 
-def standard_variants(budget: float, *, include_ilp: bool = True, extra_adacc: bool = False) -> list[Variant]:
+def standard_variants(
+    budget: float, *, include_ilp: bool = True, extra_adacc: bool = False, accuracy: str = "lossless"
+) -> list[Variant]:
     variants = [
         Variant(name="no checkpointing", kind="inductor"),
         Variant(name="full AC", kind="full_ac"),
@@ -73,7 +75,8 @@ def standard_variants(budget: float, *, include_ilp: bool = True, extra_adacc: b
     ]
     if include_ilp:
         variants.append(Variant(name=f"torch budget ilp @{budget:g}", kind="torch_budget", budget=budget, solver="ilp"))
-    variants.append(Variant(name=f"adacc @{budget:g}", kind="adacc", options={"memory_budget": budget}))
+    label = f"adacc @{budget:g}" + ("" if accuracy == "lossless" else f" {accuracy}")
+    variants.append(Variant(name=label, kind="adacc", options={"memory_budget": budget, "accuracy": accuracy}))
     if extra_adacc:
         variants.append(
             Variant(name="adacc recompute_all", kind="adacc", options={"memory_budget": budget, "planner": "recompute_all"})

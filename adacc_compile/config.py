@@ -125,10 +125,12 @@ class AdaccConfig:
     """Budget below the reachable minimum: "warn" (use the minimum-memory plan
     and warn with the reachable minimum) or "error" (raise)."""
 
-    accuracy: str = "balanced"
+    accuracy: str = "lossless"
     """Which codecs the planner may use: "lossless" (recompute and lossless
-    codecs only), "balanced" (+ int8_outlier), "aggressive" (+ fp8, int4,
-    softmax_u8, few-bit activations); see `passes.codec_options`."""
+    codecs only: gradients equal eager's), "balanced" (+ int8_outlier),
+    "aggressive" (+ fp8, int4, softmax_u8, few-bit activations); see
+    `passes.codec_options`. Lossless by default: a compiler backend keeps
+    numerics unless asked otherwise."""
 
     calibrate_codecs: bool = True
     """Measure each lossy codec on this model's real activations (one extra
@@ -141,9 +143,11 @@ class AdaccConfig:
     mode allows; () = no compression)."""
 
     device_profile: str = "auto"
-    """Cost model: "auto" (built-in profile for the detected GPU, else
-    calibrate the current device), a built-in name ("a100", "h100", "h200",
-    "cpu"), or "calibrate"."""
+    """Cost model: "auto" (built-in profile for the detected GPU, else the
+    measured profile of this machine), a built-in name ("a100", "h100",
+    "h200"), "cpu" (measured once per machine and cached on disk, so plans
+    repeat across processes: `passes.profile_cache`), or "calibrate"
+    (measured now; replaces the cached figures)."""
 
     dump_dir: str | None = None
     """Write per-graph artifacts here (also from env ADACC_DUMP_DIR)."""

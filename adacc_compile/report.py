@@ -69,6 +69,7 @@ def plan_records(state: "PartitionState") -> list[dict[str, Any]]:
                 "codec_error_bound": _codec_bound(codec),
                 "calibration": measured.to_json() if measured is not None else None,
                 "cost_seconds": cost,
+                "window": state.solution.windows.get(cand.name),
             }
         )
     return records

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from adacc_test_utils import assert_same, build, compile_with_reports, loss_and_grads
+from adacc_test_utils import EAGER_REL, INDUCTOR_REL, assert_same, build, compile_with_reports, loss_and_grads
 
 BUDGETS = (1.0, 0.5, 0.2)
 
@@ -26,7 +26,7 @@ def test_matches_eager(name, budget):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         actual = loss_and_grads(model, compiled, *batch)
-    assert_same(expected, actual, atol=1e-6, rtol=1e-5)
+    assert_same(expected, actual, rel=EAGER_REL)
     summary = partitioner.reports[-1]["summary"]
     messages = " ".join(str(w.message) for w in caught)
     if summary["activation_peak_fits_budget"]:
@@ -87,7 +87,7 @@ def test_no_fit_uses_lowest_peak_over_caps_around_the_budget(monkeypatch):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             actual = loss_and_grads(model, compiled, *batch)
-        assert_same(loss_and_grads(model, model, *batch), actual, atol=1e-6, rtol=1e-5)
+        assert_same(loss_and_grads(model, model, *batch), actual, rel=EAGER_REL)
         summary = partitioner.reports[-1]["summary"]
         assert not summary["activation_peak_fits_budget"]
         assert any("simulated activation peak" in str(w.message) for w in caught)
@@ -130,7 +130,7 @@ def test_recompute_happens_in_backward():
 
         compiled = torch.compile(model, backend=lambda gm, ex: compat.eager_aot_compile(gm, ex, partition))
         expected = loss_and_grads(model, model, *batch)
-        assert_same(expected, loss_and_grads(model, compiled, *batch), atol=1e-6, rtol=1e-5)
+        assert_same(expected, loss_and_grads(model, compiled, *batch), rel=EAGER_REL)
         counts[label] = _backward_mm_count(seen[-1].bw_module)
         summary = seen[-1].report["summary"]
         if label == "milp@0.5":
@@ -164,7 +164,7 @@ def test_registered_planners_run_and_match_eager(planner):
     compiled, partitioner = compile_with_reports(
         model, "adacc_eager", {"memory_budget": 0.5, "planner": planner, "accuracy": "lossless"}
     )
-    assert_same(expected, loss_and_grads(model, compiled, *batch), atol=1e-6, rtol=1e-5)
+    assert_same(expected, loss_and_grads(model, compiled, *batch), rel=EAGER_REL)
     summary = partitioner.reports[-1]["summary"]
     if planner == "keep_all":
         assert summary["decisions"]["recompute"] == 0 or summary["estimated_added_seconds"] < 1e-3
@@ -183,51 +183,6 @@ def test_dynamic_shapes_compile_and_match():
         assert_same(
             loss_and_grads(model, model, x, y),
             loss_and_grads(model, compiled, x, y),
-            atol=1e-6,
-            rtol=1e-5,
+            rel=EAGER_REL,
         )
     assert partitioner.reports, "the partitioner ran on the dynamic graph"
-
-
-def test_default_accuracy_is_balanced_and_close_to_eager():
-    """Default options may compress with int8_outlier (declared error 1.5%)
-    at a tight budget: loss and gradients stay close to eager, and only
-    lossless codecs or int8_outlier are used."""
-    model, batch = build("gpt")
-    expected = loss_and_grads(model, model, *batch)
-    compiled, partitioner = compile_with_reports(model, "adacc_eager", {"memory_budget": 0.2})
-    actual = loss_and_grads(model, compiled, *batch)
-    summary = partitioner.reports[-1]["summary"]
-    assert set(summary["codecs"]) <= {"bitmask", "int8_outlier"}
-    assert_same(expected, actual, atol=1e-3, rtol=5e-2)
-
-
-def test_no_fit_tries_compressing_instead_of_recomputing(monkeypatch):
-    """Aggressive at 0.3 on a small Llama: every mixed plan's recompute
-    working memory overshoots the budget; compressing instead (no working
-    memory in the backward) fits. Without that probe nothing fits."""
-    from adacc_compile import pipeline
-
-    model, batch = _tiny_llama()
-    options = {"memory_budget": 0.3, "accuracy": "aggressive", "device_profile": "h100"}
-    original = pipeline._attempt
-    fits = {}
-    for probe in (True, False):
-        monkeypatch.setattr(
-            pipeline, "_attempt", lambda state, cap, *, recompute=True, probe=probe: (
-                original(state, cap, recompute=recompute) if probe or recompute else None
-            ),
-        )
-        torch._dynamo.reset()
-        compiled, partitioner = compile_with_reports(model, "adacc_eager", options)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            loss_and_grads(model, compiled, *batch)
-        summary = partitioner.reports[-1]["summary"]
-        fits[probe] = summary["activation_peak_fits_budget"]
-        if fits[probe]:
-            assert summary["planned_saved_bytes"] <= summary["budget_bytes"]
-            assert summary["decisions"]["compress"] > 0
-        else:
-            assert any("simulated activation peak" in str(w.message) for w in caught)
-    assert fits == {True: True, False: False}
