@@ -409,3 +409,61 @@ def real_tensors() -> Any:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     return unset_fake_temporarily()
+
+
+# --------------------------------------------------------------------------
+# codec graphs: a codec's torch reference as plain aten ops, and compiled
+# --------------------------------------------------------------------------
+
+
+def trace_aten(fn: Callable[..., Any], example_args: Sequence[Any]) -> fx.GraphModule:
+    """``fn`` traced into a graph of functional aten ops, the form AOTAutograd
+    hands to a partitioner: in-place ops become out-of-place
+    (``torch.func.functionalize``) and Inductor's decompositions are applied,
+    so that Inductor can lower and fuse every node.
+
+    Traced on fake tensors: where ``example_args`` are fake (the partitioner
+    runs under AOTAutograd's fake mode) that mode is reused, so the nodes'
+    ``meta["val"]`` belong to it; real example arguments are faked afresh
+    (nothing is computed either way).
+    """
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    functional = torch.func.functionalize(fn, remove="mutations")
+    return make_fx(functional, decomposition_table=select_decomp_table(), tracing_mode="fake")(*example_args)
+
+
+def ambient_fake_mode(values: Sequence[Any]) -> Any:
+    """The FakeTensorMode that ``values`` (or the current context) belong
+    to; None when they are real tensors outside any fake mode."""
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode(list(values))
+
+
+def inductor_compile_inference(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> Callable[..., Any]:
+    """``gm`` (an inference graph of aten ops, ``(*inputs) -> tuple``)
+    compiled by Inductor as it compiles a partitioned forward: C++ on CPU,
+    Triton on CUDA. Returns ``fn(*inputs) -> tuple``.
+
+    Goes through ``compile_fx`` with its graph caches off, from a fresh
+    thread: the caller may itself be inside a compilation (the partitioner
+    times codecs lazily), whose thread-local fake mode and tracing context
+    must not leak into this one."""
+    import concurrent.futures
+
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    def build() -> Callable[..., Any]:
+        with inductor_config.patch(fx_graph_cache=False, custom_partitioner_fn=None):
+            return compile_fx(gm, list(example_inputs))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        compiled = pool.submit(build).result()
+
+    def run(*inputs: torch.Tensor) -> Any:
+        return compiled(*inputs)
+
+    return run

@@ -89,6 +89,41 @@ def torch_bitmask_decompress(
 
 
 # --------------------------------------------------------------------------
+# Aten form (what compiled graphs run; see aten_graphs.py)
+# --------------------------------------------------------------------------
+
+
+def aten_bitmask_compress(x: torch.Tensor) -> list[torch.Tensor]:
+    """`torch_bitmask_compress` as float sums of the eight bits of a byte
+    (exact up to 255), cast to uint8 once: Inductor's CPU code handles
+    one-byte arithmetic and bool vectors poorly, floats well."""
+    check_input(x, codec=NAME, dtypes=_DTYPES)
+    flat = x.reshape(-1).float()
+    n = flat.numel()
+    nbytes = (n + 7) // 8
+    bits = (flat if n % 8 == 0 else F.pad(flat, (0, nbytes * 8 - n))).view(nbytes, 8)
+    word = bits[:, 0]
+    for k in range(1, 8):
+        word = word + bits[:, k] * float(1 << k)
+    return [word.to(torch.uint8)]
+
+
+def aten_bitmask_decompress(
+    payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype = torch.bool
+) -> torch.Tensor:
+    """`torch_bitmask_decompress`: bit k of byte j as ``floor(b / 2^k) mod 2``
+    in float arithmetic, compared to 0 once."""
+    shape = check_shape(shape, codec=NAME)
+    check_output_dtype(dtype, codec=NAME, dtypes=_DTYPES)
+    check_payload(payload, bitmask_payload_spec(shape, dtype), codec=NAME)
+    byte = payload[0].float().unsqueeze(1)
+    weight = torch.pow(2.0, -torch.arange(8, dtype=torch.float32, device=byte.device))  # exact powers of two
+    shifted = torch.floor(byte * weight)
+    bits = shifted - 2.0 * torch.floor(shifted * 0.5)
+    return (bits != 0).reshape(-1)[: numel_of(shape)].reshape(shape)
+
+
+# --------------------------------------------------------------------------
 # Triton kernels
 # --------------------------------------------------------------------------
 
@@ -167,6 +202,14 @@ class BitmaskCodec(OpCodec):
 
     def payload_spec(self, shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
         return bitmask_payload_spec(shape, dtype)
+
+    def aten_compress(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return aten_bitmask_compress(x)
+
+    def aten_decompress(
+        self, payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
+    ) -> torch.Tensor:
+        return aten_bitmask_decompress(payload, shape, dtype)
 
     def applies(self, query: ApplyQuery) -> bool:
         """Any bool tensor: packing is lossless, so the producer does not matter."""

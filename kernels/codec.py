@@ -6,9 +6,13 @@ forward pass and back into a tensor in the backward pass. The planner
 each registered codec whether it `applies` to a value, how many bytes the
 payload takes (`compressed_nbytes`, exact and known before the data is seen),
 how long compress + decompress take (`cost_seconds`), and how much error it
-declares (`error_bound`). The graph rewrite then inserts the codec's two
-custom ops, ``torch.ops.adacc.<name>_compress`` and
-``torch.ops.adacc.<name>_decompress`` (see `Codec.compress_op`).
+declares (`error_bound`). The graph rewrite then inserts the codec into the
+forward and backward graphs: as plain aten ops
+(`aten_compress`, `aten_decompress`; Inductor fuses them with their
+neighbours), or as its two custom ops ``torch.ops.adacc.<name>_compress``
+and ``torch.ops.adacc.<name>_decompress`` (`Codec.compress_op`; the
+hand-written Triton kernels on CUDA), whichever
+`adacc_compile.passes.codec_form.graph_form` picks.
 
 Why a registry of objects instead of an if-chain: new codecs plug in without
 touching the planner (STYLE.md point 5), and tests can register toy codecs.
@@ -151,6 +155,25 @@ class Codec:
 
     def calibrate(self, samples: Sequence[torch.Tensor]) -> CodecStats:
         raise NotImplementedError
+
+    def aten_compress(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Compress written as plain, functional torch ops for Inductor.
+
+        What a compiled graph runs: the graph rewrite traces it into aten
+        ops (`adacc_compile.kernels.aten_graphs`) and splices them in place
+        of the custom op, so that Inductor fuses it with the producer. It
+        must give the same payload as `compress` (bit for bit), build every
+        constant from ops or Python scalars (no ``torch.tensor`` of Python
+        data: a traced graph holds no tensor constants), and avoid what
+        Inductor compiles badly (see `adacc_compile.kernels.aten_graphs`).
+        The default calls the custom op, which stays opaque to Inductor."""
+        return list(self.compress_op(x))
+
+    def aten_decompress(
+        self, payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Decompress written for Inductor (see `aten_compress`)."""
+        return self.decompress_op(list(payload), list(shape), dtype)
 
     def compress_workspace_nbytes(
         self, shape: Sequence[int], dtype: torch.dtype, device_type: str

@@ -179,6 +179,81 @@ def torch_fp8_decompress(
 
 
 # --------------------------------------------------------------------------
+# Aten form (what compiled graphs run; see aten_graphs.py): the rounding of
+# the Triton kernels below, in float arithmetic. Inductor's CPU code runs
+# torch's fp8 cast element by element (4.6x a float32 copy, measured) and
+# integer -> one-byte casts slowly; exponent bits, then floats, then one
+# cast to uint8 stay vectorised.
+# --------------------------------------------------------------------------
+
+
+def _aten_encode(v: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
+    """fp8 code (as a float in 0..255) of finite, pre-scaled float32 ``v``,
+    rounded to nearest even: the same bits as ``v.to(fmt.torch_dtype)``."""
+    bits = v.view(torch.int32)
+    e = (((bits >> 23) & 0xFF) - 127).clamp_min(fmt.min_exponent)
+    quantum_inverse = _pow2(fmt.mantissa_bits - e)  # exact scaling into [2**M, 2**(M+1)]
+    k = torch.round(v.abs() * quantum_inverse)  # ties to even; 2**(M+1) carries into e + 1
+    magnitude = (e - fmt.min_exponent).float() * float(1 << fmt.mantissa_bits) + k
+    return magnitude + torch.where(bits < 0, 128.0, 0.0)
+
+
+def _aten_decode(code: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
+    """Float32 value of fp8 codes given as floats in 0..255 (NaN codes and
+    the reserved ±Inf codes are patched by the caller)."""
+    negative = code >= 128.0
+    low = torch.where(negative, code - 128.0, code)
+    step = float(1 << fmt.mantissa_bits)
+    field = torch.floor(low / step)
+    mantissa = low - field * step
+    k = torch.where(field == 0, mantissa, mantissa + step)
+    value = k * torch.exp2(torch.clamp_min(field, 1.0) + float(fmt.min_exponent - 1 - fmt.mantissa_bits))
+    return torch.where(negative, -value, value)
+
+
+def aten_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
+    """`torch_fp8_compress` written for Inductor (same codes and scales)."""
+    check_input(x, codec=fmt.name, dtypes=_DTYPES)
+    if x.numel() == 0:
+        return torch_fp8_compress(x, fmt)
+    rows, cols = rows_cols(x.shape)
+    v = x.reshape(rows, cols).float()
+    finite = torch.where((v - v) == 0, v, 0.0)  # v - v is 0 only where v is finite
+    amax = finite.abs().amax(dim=1)
+    s = _scale_exponent(amax, fmt)
+    code = _aten_encode(finite * _pow2(-s)[:, None], fmt)
+    code = torch.where(v != v, float(fmt.nan_code), code)
+    code = torch.where(v == float("inf"), float(fmt.pos_inf_code), code)
+    code = torch.where(v == float("-inf"), float(fmt.neg_inf_code), code)
+    return [code.to(torch.uint8).reshape(x.shape), _pow2(s)]
+
+
+def aten_fp8_decompress(
+    payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype, fmt: Fp8Format
+) -> torch.Tensor:
+    """`torch_fp8_decompress` written for Inductor (same values; NaN is the
+    canonical quiet NaN)."""
+    shape = check_shape(shape, codec=fmt.name)
+    check_output_dtype(dtype, codec=fmt.name, dtypes=_DTYPES)
+    check_payload(payload, fp8_payload_spec(shape, dtype), codec=fmt.name)
+    if numel_of(shape) == 0:
+        return torch_fp8_decompress(payload, shape, dtype, fmt)
+    codes, scales = payload
+    rows, cols = rows_cols(shape)
+    code = codes.float().reshape(rows, cols)
+    value = _aten_decode(code, fmt) * scales[:, None]
+    low = torch.where(code >= 128.0, code - 128.0, code)
+    if fmt.mantissa_bits == 3:
+        nan = low == 127.0
+    else:
+        nan = (low >= 124.0) & (low != 124.0)  # exponent field all ones, mantissa not 0
+    value = torch.where(nan, float("nan"), value)
+    value = torch.where(code == float(fmt.pos_inf_code), float("inf"), value)
+    value = torch.where(code == float(fmt.neg_inf_code), float("-inf"), value)
+    return value.to(dtype).reshape(shape)
+
+
+# --------------------------------------------------------------------------
 # Triton kernels: fp8 rounding by integer ops (the interpreter's fp8 cast
 # truncates, and hardware casts differ across GPU generations).
 # --------------------------------------------------------------------------
@@ -359,6 +434,14 @@ class Fp8Codec(OpCodec):
 
     def payload_spec(self, shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
         return fp8_payload_spec(shape, dtype)
+
+    def aten_compress(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return aten_fp8_compress(x, self.fmt)
+
+    def aten_decompress(
+        self, payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
+    ) -> torch.Tensor:
+        return aten_fp8_decompress(payload, shape, dtype, self.fmt)
 
     def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:
         """Torch reference: compress scales a float32 copy of x (plus a few

@@ -110,6 +110,39 @@ def torch_softmax_u8_decompress(
 
 
 # --------------------------------------------------------------------------
+# Aten form (what compiled graphs run; see aten_graphs.py)
+# --------------------------------------------------------------------------
+
+
+def aten_softmax_u8_compress(x: torch.Tensor) -> list[torch.Tensor]:
+    """`torch_softmax_u8_compress` in float arithmetic up to one final cast
+    to uint8 (what Inductor compiles well), the same codes."""
+    check_input(x, codec=NAME, dtypes=_DTYPES)
+    p = x.float()
+    w = torch.where((p - p) == 0, p, 0.0).clamp(0.0, 1.0)  # p - p is 0 only where p is finite
+    q = torch.floor((torch.trunc(w * (2 * LEVELS)) + 1.0) / 2.0)
+    q = torch.where(p != p, float(NAN_CODE), q)
+    q = torch.where(p == float("inf"), float(POS_INF_CODE), q)
+    q = torch.where(p == float("-inf"), float(NEG_INF_CODE), q)
+    return [q.to(torch.uint8)]
+
+
+def aten_softmax_u8_decompress(
+    payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    """`torch_softmax_u8_decompress` with the codes compared as floats."""
+    shape = check_shape(shape, codec=NAME)
+    check_output_dtype(dtype, codec=NAME, dtypes=_DTYPES)
+    check_payload(payload, softmax_u8_payload_spec(shape, dtype), codec=NAME)
+    q = payload[0].float()
+    p = q * (1.0 / LEVELS)
+    p = torch.where(q == NAN_CODE, float("nan"), p)
+    p = torch.where(q == POS_INF_CODE, float("inf"), p)
+    p = torch.where(q == NEG_INF_CODE, float("-inf"), p)
+    return p.to(dtype).reshape(shape)
+
+
+# --------------------------------------------------------------------------
 # Triton kernels
 # --------------------------------------------------------------------------
 
@@ -191,6 +224,14 @@ class SoftmaxU8Codec(OpCodec):
 
     def payload_spec(self, shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
         return softmax_u8_payload_spec(shape, dtype)
+
+    def aten_compress(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return aten_softmax_u8_compress(x)
+
+    def aten_decompress(
+        self, payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
+    ) -> torch.Tensor:
+        return aten_softmax_u8_decompress(payload, shape, dtype)
 
     def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:
         """Torch reference: compress works on a float32 copy of x; decompress

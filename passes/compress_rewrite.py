@@ -9,16 +9,32 @@ longer than planning it.
 
 For a compressed value ``v`` (codec ``c``):
 
-* forward: ``packed = adacc.c_compress(v)`` right after ``v`` and its
-  payload tensors replace ``v`` among the saved outputs, so the
-  full-precision ``v`` is freed after its last forward use;
-* backward: the saved input ``v`` becomes the payload inputs, and
-  ``v_hat = adacc.c_decompress(payload, shape, dtype)`` is placed right
-  before the first backward node that reads ``v``; every reader (including
-  recomputations that start from ``v``) reads ``v_hat`` instead;
+* forward: compress right after ``v``; its payload tensors replace ``v``
+  among the saved outputs, so the full-precision ``v`` is freed after its
+  last forward use;
+* backward: the saved input ``v`` becomes the payload inputs, and the
+  decompress is placed right before the first backward node that reads
+  ``v``; every reader (including recomputations that start from ``v``)
+  reads the decompressed ``v_hat`` instead;
 * few-bit activation codecs decompress to the activation's derivative, so
   each ``gelu_backward(grad, v)`` / ``silu_backward(grad, v)`` becomes
   ``grad * v_hat``.
+
+Compress and decompress take one of two forms (`codec_form.graph_form`):
+by default the codec's torch reference traced into aten ops
+(`adacc_compile.kernels.aten_graphs`) and spliced in, node by node, so that
+Inductor fuses compress into the value's producer and decompress into its
+reader; or the codec's two custom ops (``torch.ops.adacc.c_compress``,
+opaque to Inductor; the Triton kernels on CUDA).
+
+Names and tags other passes rely on: every spliced node is named after its
+value (``v_c_c0``, ``v_c_c1``, ... in the forward, ``v_c_d0``, ... in the
+backward; generated names could collide with forward node names, and a
+backward node with a forward name is taken for a recomputation) and
+carries ``meta[CODEC_NODE]`` (`CodecNode`: codec, value, role), which
+`verify` uses to pair compress and decompress; the node that makes the
+decompressed value (and any that restores its layout) carries
+``meta[DECOMPRESSED]``.
 
 Saved payloads keep their positions among the saved tensors in both graphs,
 which is all AOTAutograd's runtime relies on.
@@ -27,12 +43,16 @@ which is all AOTAutograd's runtime relies on.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.fx as fx
 
-from adacc_compile.kernels import DecompressKind, get_codec
+from adacc_compile.kernels import Codec, DecompressKind, get_codec
+from adacc_compile.kernels.aten_graphs import codec_graphs, graph_outputs
 
+from .codec_form import GraphForm, graph_form
 from .plan_problem import Decision, PlanSolution
 
 _ACTIVATION_BACKWARD = ("gelu_backward", "silu_backward")
@@ -41,6 +61,20 @@ DECOMPRESSED = "adacc_decompressed"
 """Meta key on every backward node that makes (or restores the layout of) a
 decompressed value; its value is the codec name. The memory simulator counts
 these as activation memory and `verify` checks what reads them."""
+
+CODEC_NODE = "adacc_codec_node"
+"""Meta key on every node spliced in from a codec's aten graph (`CodecNode`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CodecNode:
+    """What a spliced node belongs to."""
+
+    codec: str
+    value: str
+    """Name of the compressed value (the forward node; in the backward, the
+    saved placeholder it replaced)."""
+    role: Literal["compress", "decompress"]
 
 
 def apply_compression(
@@ -63,10 +97,15 @@ def apply_compression(
             continue  # not saved after all (e.g. dead in the backward)
         codec = get_codec(codec_name)
         value = fw_nodes[name]
-        payload = _insert_compress(fw.graph, value, codec)
+        fake = value.meta["val"]
+        form = graph_form(codec, fake.dtype, fake.device.type)
+        if form is GraphForm.ATEN:
+            payload = _splice_compress(fw.graph, value, codec)
+        else:
+            payload = _insert_compress(fw.graph, value, codec)
         index = next(i for i, o in enumerate(outputs) if i >= num_fwd_outputs and o is value)
         outputs[index : index + 1] = payload
-        _insert_decompress(bw.graph, bw_inputs[name], payload, codec)
+        _insert_decompress(bw.graph, bw_inputs[name], payload, codec, form)
     output.args = (tuple(outputs),)
     for gm in (fw, bw):
         gm.graph.lint()
@@ -74,7 +113,41 @@ def apply_compression(
     return fw, bw
 
 
-def _insert_compress(graph: fx.Graph, value: fx.Node, codec) -> list[fx.Node]:
+def _splice(
+    graph: fx.Graph, traced: fx.GraphModule, inputs: list[fx.Node], before: fx.Node, *, prefix: str, tag: CodecNode
+) -> list[fx.Node]:
+    """Copies the nodes of ``traced`` into ``graph`` right before ``before``,
+    its placeholders bound to ``inputs``; returns the nodes it outputs.
+
+    The copies keep their fake values (``meta["val"]``: traced under the
+    same fake mode) and are named ``prefix0``, ``prefix1``, ..."""
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(inputs):
+        raise ValueError(f"{tag.codec}: traced graph takes {len(placeholders)} inputs, given {len(inputs)}")
+    env: dict[fx.Node, fx.Node] = dict(zip(placeholders, inputs))
+    calls = [n for n in traced.graph.nodes if n.op == "call_function"]
+    with graph.inserting_before(before):
+        for index, node in enumerate(calls):
+            copy = graph.create_node(
+                "call_function",
+                node.target,
+                fx.map_arg(node.args, env.__getitem__),
+                fx.map_arg(node.kwargs, env.__getitem__),
+                name=f"{prefix}{index}",
+            )
+            copy.meta["val"] = node.meta.get("val")
+            copy.meta[CODEC_NODE] = tag
+            env[node] = copy
+    return [env[n] for n in graph_outputs(traced)]
+
+
+def _splice_compress(graph: fx.Graph, value: fx.Node, codec: Codec) -> list[fx.Node]:
+    traced = codec_graphs(codec, value.meta["val"]).compress
+    tag = CodecNode(codec.name, value.name, "compress")
+    return _splice(graph, traced, [value], value.next, prefix=f"{value.name}_{codec.name}_c", tag=tag)
+
+
+def _insert_compress(graph: fx.Graph, value: fx.Node, codec: Codec) -> list[fx.Node]:
     fake = value.meta["val"]
     with graph.inserting_after(value):
         packed = graph.create_node(
@@ -94,7 +167,29 @@ def _insert_compress(graph: fx.Graph, value: fx.Node, codec) -> list[fx.Node]:
     return payload
 
 
-def _insert_decompress(graph: fx.Graph, saved: fx.Node, payload: list[fx.Node], codec) -> None:
+def _decompress_nodes(
+    graph: fx.Graph, saved: fx.Node, inputs: list[fx.Node], before: fx.Node, codec: Codec, form: GraphForm
+) -> fx.Node:
+    """Inserts the decompress of ``saved`` from its payload ``inputs``
+    before ``before``; returns the node holding the decompressed value."""
+    fake = saved.meta["val"]
+    if form is GraphForm.ATEN:
+        traced = codec_graphs(codec, fake).decompress
+        tag = CodecNode(codec.name, saved.name, "decompress")
+        (restored,) = _splice(graph, traced, inputs, before, prefix=f"{saved.name}_{codec.name}_d", tag=tag)
+        return restored
+    shape = [int(s) for s in fake.shape]
+    with graph.inserting_before(before):
+        restored = graph.create_node(
+            "call_function", codec.decompress_op, (inputs, shape, fake.dtype), name=f"{saved.name}_{codec.name}_restored"
+        )
+    restored.meta["val"] = codec.decompress_op([p.meta["val"] for p in inputs], shape, fake.dtype)
+    return restored
+
+
+def _insert_decompress(
+    graph: fx.Graph, saved: fx.Node, payload: list[fx.Node], codec: Codec, form: GraphForm
+) -> None:
     fake = saved.meta["val"]
     inputs = []
     for node in payload:
@@ -103,16 +198,8 @@ def _insert_decompress(graph: fx.Graph, saved: fx.Node, payload: list[fx.Node], 
         placeholder.meta["val"] = node.meta["val"]
         inputs.append(placeholder)
     readers = list(saved.users)
-    first_reader = min(readers, key=_position(graph)) if readers else None
-    shape = [int(s) for s in fake.shape]
-    with graph.inserting_before(first_reader) if first_reader is not None else graph.inserting_after(inputs[-1]):
-        restored = graph.create_node(
-            "call_function",
-            codec.decompress_op,
-            (inputs, shape, fake.dtype),
-            name=f"{saved.name}_{codec.name}_restored",
-        )
-    restored.meta["val"] = codec.decompress_op([p.meta["val"] for p in inputs], shape, fake.dtype)
+    before = min(readers, key=_position(graph)) if readers else _first_non_placeholder(graph)
+    restored = _decompress_nodes(graph, saved, inputs, before, codec, form)
     restored.meta[DECOMPRESSED] = codec.name
     if codec.decompress_kind is DecompressKind.VALUE:
         restored = _restore_layout(graph, restored, fake)
@@ -123,6 +210,10 @@ def _insert_decompress(graph: fx.Graph, saved: fx.Node, payload: list[fx.Node], 
     else:
         saved.replace_all_uses_with(restored)
     graph.erase_node(saved)
+
+
+def _first_non_placeholder(graph: fx.Graph) -> fx.Node:
+    return next(n for n in graph.nodes if n.op != "placeholder")
 
 
 def physical_order(val: torch.Tensor) -> list[int] | None:

@@ -21,7 +21,7 @@ import torch.fx as fx
 from adacc_compile.kernels import get_codec
 
 from .candidates import CandidateSet
-from .compress_rewrite import DECOMPRESSED
+from .compress_rewrite import CODEC_NODE, DECOMPRESSED, CodecNode
 from .mutation import mutated_inputs, stale_recomputations
 from .op_class import OpClass, classify
 from .plan_problem import Decision, PlanSolution
@@ -73,20 +73,41 @@ def _is_adacc_op(node: fx.Node, suffix: str) -> bool:
     return node.op == "call_function" and name.startswith("adacc::") and name.endswith(suffix)
 
 
+def _codec_role(node: fx.Node) -> str | None:
+    """"compress" / "decompress" for a codec's node in either form (a custom
+    op, or a node spliced in from its aten graph), else None."""
+    tag = node.meta.get(CODEC_NODE)
+    if isinstance(tag, CodecNode):
+        return tag.role
+    if _is_adacc_op(node, "_compress") or _is_adacc_op(node, "_compress.default"):
+        return "compress"
+    if _is_adacc_op(node, "_decompress") or _is_adacc_op(node, "_decompress.default"):
+        return "decompress"
+    return None
+
+
 def _compress_pairs(fw_module: fx.GraphModule, bw_module: fx.GraphModule, saved: set[str]) -> list[str]:
+    """Every saved compress output is read by a decompress in the backward,
+    and a decompress reads nothing from the forward but saved values.
+
+    Works on both forms: a custom compress op's outputs are its getitem
+    users; a spliced aten compress's are its own nodes (the ones saved)."""
     errors = []
     compressed_payloads = set()
     for node in fw_module.graph.nodes:
-        if _is_adacc_op(node, "_compress") or _is_adacc_op(node, "_compress.default"):
-            compressed_payloads |= {u.name for u in node.users} | {node.name}
+        if _codec_role(node) == "compress":
+            compressed_payloads |= {node.name}
+            if not isinstance(node.meta.get(CODEC_NODE), CodecNode):
+                compressed_payloads |= {u.name for u in node.users}
     saved_payloads = saved & compressed_payloads
     read_by_decompress = set()
     for node in bw_module.graph.nodes:
-        if _is_adacc_op(node, "_decompress") or _is_adacc_op(node, "_decompress.default"):
-            names = {a.name for a in node.all_input_nodes}
-            read_by_decompress |= names
-            if not names <= saved:
-                errors.append(f"decompress {node.name} reads values that are not saved payloads: {sorted(names - saved)}")
+        if _codec_role(node) != "decompress":
+            continue
+        names = {a.name for a in node.all_input_nodes if a.op == "placeholder"}
+        read_by_decompress |= names
+        if not names <= saved:
+            errors.append(f"decompress {node.name} reads values that are not saved payloads: {sorted(names - saved)}")
     for payload in sorted(saved_payloads - read_by_decompress):
         errors.append(f"compressed payload {payload} is saved but never decompressed")
     return errors

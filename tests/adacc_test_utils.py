@@ -22,17 +22,25 @@ def compile_with_reports(
     return torch.compile(model, backend=partitioner.backend(eager=eager), **compile_kwargs), partitioner
 
 
-def compile_capturing(model: torch.nn.Module, options: dict[str, Any], *, eager: bool = True):
+def compile_capturing(model: torch.nn.Module, options: dict[str, Any], *, eager: bool = True, mode=None):
     """``torch.compile`` with adacc's pipeline as the partitioner, keeping
-    every graph's `PartitionState` (candidates, solution, fw/bw modules)."""
+    every graph's `PartitionState` (candidates, solution, fw/bw modules).
+    ``mode`` overrides the realization the planner assumes (by default the
+    backend's: eager without fusion, Inductor with)."""
     from adacc_compile import compat
-    from adacc_compile.pipeline import PartitionState, run_pipeline
+    from adacc_compile.passes.fusion import Realization
+    from adacc_compile.pipeline import run_pipeline
+    from adacc_compile.state import PartitionState
 
     config = AdaccConfig.from_options(options)
     states = []
 
     def partition(gm, joint_inputs, **kwargs):
-        state = PartitionState(joint=gm, config=config, num_fwd_outputs=kwargs["num_fwd_outputs"])
+        state = PartitionState(
+            joint=gm, config=config, num_fwd_outputs=kwargs["num_fwd_outputs"],
+            static_lifetime_input_indices=list(kwargs.get("static_lifetime_input_indices") or []),
+            mode=mode or (Realization.EAGER if eager else Realization.INDUCTOR),
+        )
         run_pipeline(state)
         states.append(state)
         return state.fw_module, state.bw_module
@@ -120,15 +128,27 @@ def build(name: str):
 
 def record_compress_inputs(monkeypatch) -> list[tuple[str, torch.Tensor]]:
     """adacc_eager runs graphs through fx.Interpreter: record what every
-    adacc compress op receives (the real activation)."""
+    codec's compress receives (the real activation), whether the codec is a
+    custom op or spliced in as aten ops (`compress_rewrite.CODEC_NODE`)."""
+    from adacc_compile.passes.compress_rewrite import CODEC_NODE
+
     seen: list[tuple[str, torch.Tensor]] = []
-    original = fx.Interpreter.call_function
+    original = fx.Interpreter.run_node
 
-    def call_function(self, target, args, kwargs):
-        name = str(target)
-        if name.startswith("adacc.") and name.split(".")[1].endswith("_compress"):
-            seen.append((name.split(".")[1].removesuffix("_compress"), args[0].detach().clone()))
-        return original(self, target, args, kwargs)
+    def run_node(self, node):
+        name = str(node.target)
+        tag = node.meta.get(CODEC_NODE)
+        if node.op == "call_function" and name.startswith("adacc.") and name.split(".")[1].endswith("_compress"):
+            value = self.env[node.args[0]]
+            seen.append((name.split(".")[1].removesuffix("_compress"), value.detach().clone()))
+        elif tag is not None and tag.role == "compress":
+            recorded = getattr(self, "_adacc_recorded", set())
+            self._adacc_recorded = recorded
+            for arg in node.all_input_nodes:
+                if arg.name == tag.value and arg.name not in recorded:
+                    recorded.add(arg.name)
+                    seen.append((tag.codec, self.env[arg].detach().clone()))
+        return original(self, node)
 
-    monkeypatch.setattr(fx.Interpreter, "call_function", call_function)
+    monkeypatch.setattr(fx.Interpreter, "run_node", run_node)
     return seen

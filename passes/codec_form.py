@@ -1,0 +1,69 @@
+"""Which form a codec takes in a compiled graph: aten ops or its custom ops.
+
+Why two forms: the aten form (the codec's torch reference traced into plain
+aten ops, `adacc_compile.kernels.aten_graphs`) is what Inductor can fuse:
+compress into the kernel that produces the value, decompress into the one
+that reads it, so neither re-reads nor re-writes the full-precision value
+and neither costs a launch of its own. The custom ops
+(``torch.ops.adacc.<codec>_compress``) are opaque to Inductor and run the
+hand-written Triton kernels on CUDA; they can only win where Inductor's code
+for a codec is slow, which only a measurement can tell.
+
+The rule, per codec and value:
+
+* ``ADACC_KERNELS=triton``: the custom ops (forced, e.g. to test or time
+  the Triton kernels inside graphs);
+* on CUDA, with a measured device profile (``device_profile="calibrate"``)
+  that timed both forms of the codec for this dtype: the faster one;
+* otherwise the aten form. The byte model of a built-in GPU profile always
+  prefers it: fused, it moves strictly fewer bytes than a separate kernel
+  that must read the value again.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from adacc_compile.kernels import Codec, KernelChoice, kernel_choice_from_env
+from adacc_compile.kernels.oplib import triton_available
+
+
+class GraphForm(enum.Enum):
+    ATEN = "aten"
+    """The torch reference as aten ops, fused by Inductor."""
+    CUSTOM_OP = "custom_op"
+    """``torch.ops.adacc.<codec>_compress`` / ``_decompress`` (Triton on CUDA)."""
+
+
+def codec_key(name: str, dtype: torch.dtype, form: GraphForm = GraphForm.ATEN) -> str:
+    """Key of a measured codec timing in `DeviceProfile.codec_seconds_per_element`:
+    ``"<codec>/<dtype>"`` for the aten form (compiled by Inductor),
+    ``"<codec>/<dtype>/custom_op"`` for the custom ops."""
+    base = f"{name}/{str(dtype).removeprefix('torch.')}"
+    return base if form is GraphForm.ATEN else f"{base}/{form.value}"
+
+
+def graph_form(codec: Codec, dtype: torch.dtype, device_type: str) -> GraphForm:
+    """The form ``codec`` takes for a value of ``dtype`` on ``device_type``
+    (see the module docstring)."""
+    choice = kernel_choice_from_env()
+    if choice is KernelChoice.TRITON:
+        return GraphForm.CUSTOM_OP
+    if choice is KernelChoice.AUTO and device_type == "cuda" and triton_available():
+        timings = _measured_timings("cuda")
+        aten = timings.get(codec_key(codec.name, dtype))
+        custom = timings.get(codec_key(codec.name, dtype, GraphForm.CUSTOM_OP))
+        if aten is not None and custom is not None and custom < aten:
+            return GraphForm.CUSTOM_OP
+    return GraphForm.ATEN
+
+
+def _measured_timings(device: str) -> dict[str, float]:
+    """Codec timings of the measured profile of ``device`` if this process
+    loaded one (never measures)."""
+    from .profile_cache import loaded_profile
+
+    profile = loaded_profile(device)
+    return dict(profile.codec_seconds_per_element) if profile is not None else {}
