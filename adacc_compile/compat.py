@@ -445,25 +445,22 @@ def ambient_fake_mode(values: Sequence[Any]) -> Any:
 def inductor_compile_inference(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> Callable[..., Any]:
     """``gm`` (an inference graph of aten ops, ``(*inputs) -> tuple``)
     compiled by Inductor as it compiles a partitioned forward: C++ on CPU,
-    Triton on CUDA. Returns ``fn(*inputs) -> tuple``.
-
-    Goes through ``compile_fx`` with its graph caches off, from a fresh
-    thread: the caller may itself be inside a compilation (the partitioner
-    times codecs lazily), whose thread-local fake mode and tracing context
-    must not leak into this one."""
-    import concurrent.futures
-
+    Triton on CUDA; its FX graph cache off. Returns ``fn(*inputs) -> tuple``.
+    Call it through `run_isolated` from inside another compilation."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
-    def build() -> Callable[..., Any]:
-        with inductor_config.patch(fx_graph_cache=False, custom_partitioner_fn=None):
-            return compile_fx(gm, list(example_inputs))
+    with inductor_config.patch(fx_graph_cache=False, custom_partitioner_fn=None):
+        return compile_fx(gm, list(example_inputs))
+
+
+def run_isolated(fn: Callable[[], Any]) -> Any:
+    """``fn()`` on a fresh thread, so that none of the caller's thread-local
+    compile state leaks into it: the partitioner runs inside a compilation
+    whose fake mode and tracing context (with its shape environment) a
+    nested trace would otherwise pick up, adding symbols the outer graph's
+    guards then cannot place."""
+    import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        compiled = pool.submit(build).result()
-
-    def run(*inputs: torch.Tensor) -> Any:
-        return compiled(*inputs)
-
-    return run
+        return pool.submit(fn).result()

@@ -204,11 +204,16 @@ class Codec:
     def cost_seconds(
         self, shape: Sequence[int], dtype: torch.dtype, bandwidth_bytes_per_s: float
     ) -> float:
-        """Compress + decompress time: bytes read and written over bandwidth."""
+        """Compress + decompress time of one fused kernel each, as bytes over
+        bandwidth: compress runs in the epilogue of the kernel producing the
+        value (which holds it already) and writes the payload; decompress
+        reads the payload and writes the value once for its reader (a
+        matmul reads it from memory; a pointwise reader would not even need
+        that write). Neither costs a launch of its own."""
         numel = 1
         for s in shape:
             numel *= int(s)
-        moved = 2 * numel * torch.empty((), dtype=dtype).element_size()
+        moved = numel * torch.empty((), dtype=dtype).element_size()
         moved += 2 * self.compressed_nbytes(shape, dtype)
         return moved / bandwidth_bytes_per_s
 

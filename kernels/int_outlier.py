@@ -770,7 +770,9 @@ class IntOutlierCodec(OpCodec):
         return Workspace(compress=compress, decompress=max(peak - result, 0) + per_group + index)
 
     def cost_seconds(self, shape: Sequence[int], dtype: torch.dtype, bandwidth_bytes_per_s: float) -> float:
-        """The base model plus the second read of x (channel statistics)."""
+        """The base model plus a read of x for the channel statistics, which
+        must be known before any group is quantised (no producer epilogue
+        can do both)."""
         extra = numel_of([int(s) for s in shape]) * dtype.itemsize
         return super().cost_seconds(shape, dtype, bandwidth_bytes_per_s) + extra / bandwidth_bytes_per_s
 

@@ -29,27 +29,30 @@ int8_outlier (group scales plus outlier channels, ~0.006 measured) in their
 place the worst seed moved 0.48%, inside the 0.5% target. softmax_u8 is
 offered for softmax outputs only, never log-softmax.
 
-Cost: compress + decompress seconds. With a calibrated (measured) device
-profile the codec itself is timed on the current device when the profile is
-measured, and cached with it (`profile_cache`; the CPU path is the torch
-reference, much slower than a copy, so compression is rarely worth it on
-CPU; on GPU the Triton kernels run near bandwidth).
-With a built-in GPU profile the cost is bytes moved over bandwidth.
+Cost: compress + decompress seconds (`codec_seconds`). With a calibrated
+(measured) device profile, the codec's aten form compiled by Inductor is
+timed on the current device the first time a plan offers it for a dtype,
+and cached with the profile (`codec_timing`, `profile_cache`). With a
+built-in GPU profile the cost is the bytes one fused kernel moves over
+bandwidth, with no launches of its own.
 """
 
 from __future__ import annotations
 
 import functools
-import time
+import math
 from typing import Callable
 
 import torch
 import torch.fx as fx
 
-from adacc_compile import compat
 from adacc_compile.kernels import ApplyQuery, Codec, DecompressKind, available_codecs, get_codec
+from adacc_compile.kernels.oplib import triton_available
 
+from . import profile_cache
 from .annotate import annotation
+from .codec_form import GraphForm, codec_key
+from .codec_timing import measure_seconds_per_element
 from .compress_rewrite import physical_order
 from .device_profile import BUILTIN_PROFILES, DeviceProfile
 from .plan_problem import CompressOption
@@ -102,12 +105,14 @@ def make_compress_options(
             nbytes = codec.compressed_nbytes(query.shape, query.dtype)
             if nbytes >= annotation(node).storage_bytes:
                 continue
+            seconds = codec_seconds(codec, query.shape, query.dtype, profile)
+            if not math.isfinite(seconds):
+                continue  # the codec failed on a sample of this dtype
             out.append(
                 CompressOption(
                     codec=codec.name,
                     nbytes=nbytes,
-                    seconds=codec_seconds(codec, query.shape, query.dtype, profile)
-                    + (restride if codec.decompress_kind is DecompressKind.VALUE else 0.0),
+                    seconds=seconds + (restride if codec.decompress_kind is DecompressKind.VALUE else 0.0),
                     error=codec.error_bound,
                     feeds_recompute=codec.feeds_recompute,
                 )
@@ -122,71 +127,30 @@ def _static(val: torch.Tensor) -> bool:
 
 
 def codec_seconds(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, profile: DeviceProfile) -> float:
-    """Compress + decompress time of ``codec`` on ``shape``/``dtype``."""
+    """Compress + decompress time of ``codec`` on ``shape``/``dtype``.
+
+    Measured profiles: ``numel`` times the seconds per element measured for
+    the codec's aten form compiled by Inductor (`codec_timing`; on CUDA the
+    faster of that and the custom ops, the form `codec_form.graph_form`
+    then inserts), measured on first need and cached per machine
+    (`profile_cache.codec_timing`). Built-in GPU profiles: the bytes one
+    fused kernel moves, over bandwidth, with no launch of its own
+    (`Codec.cost_seconds`)."""
     numel = 1
     for s in shape:
         numel *= s
     if profile in BUILTIN_PROFILES.values() or not profile.name.startswith("calibrated"):
-        return codec.cost_seconds(shape, dtype, profile.memory_bytes_per_s) + 2 * profile.launch_overhead_s
-    seconds_per_element = profile.codec_seconds_per_element.get(codec_key(codec.name, dtype))
-    if seconds_per_element is None:  # a codec registered after the profile was measured
-        device = profile.name.removeprefix("calibrated ").strip() or "cpu"
-        seconds_per_element = _measured_seconds_per_element(codec.name, dtype, device)
-    return numel * seconds_per_element + 2 * profile.launch_overhead_s
-
-
-MEASURED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.bool)
-"""The dtypes every codec is timed on when a device profile is measured."""
-
-
-def codec_key(name: str, dtype: torch.dtype) -> str:
-    return f"{name}/{str(dtype).removeprefix('torch.')}"
-
-
-def measure_codec_seconds(device: str) -> dict[str, float]:
-    """Compress + decompress seconds per element of every registered codec on
-    every dtype of `MEASURED_DTYPES` it accepts (for a measured profile)."""
-    out = {}
-    with compat.real_tensors():
-        for name in available_codecs():
-            for dtype in MEASURED_DTYPES:
-                seconds = _time_codec(name, dtype, device)
-                if seconds != float("inf"):
-                    out[codec_key(name, dtype)] = seconds
-    return out
-
-
-@functools.lru_cache(maxsize=None)
-def _measured_seconds_per_element(name: str, dtype: torch.dtype, device: str) -> float:
-    """Times compress + decompress of ``name`` on a sample tensor (cached).
-
-    The partitioner runs under AOTAutograd's fake mode; timing must use real
-    tensors (`compat.real_tensors`)."""
-    with compat.real_tensors():
-        return _time_codec(name, dtype, device)
-
-
-def _time_codec(name: str, dtype: torch.dtype, device: str) -> float:
-    codec = get_codec(name)
-    rows, cols = 256, 1024
-    gen = torch.Generator().manual_seed(0)
-    if dtype == torch.bool:
-        sample = torch.rand(rows, cols, generator=gen) > 0.5
-    else:
-        sample = torch.rand(rows, cols, generator=gen).to(dtype)  # valid for every codec (softmax too)
-    sample = sample.to(device)
-    try:
-        packed = codec.compress(sample)
-        codec.decompress(packed)
-    except (TypeError, ValueError, RuntimeError):
-        return float("inf")
-    times = []
-    for _ in range(3):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        codec.decompress(codec.compress(sample))
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[1] / sample.numel()
+        return codec.cost_seconds(shape, dtype, profile.memory_bytes_per_s)
+    device = profile.name.removeprefix("calibrated ").strip() or "cpu"
+    forms = [GraphForm.ATEN]
+    if device.startswith("cuda") and triton_available():
+        forms.append(GraphForm.CUSTOM_OP)
+    per_element = min(
+        profile_cache.codec_timing(
+            device,
+            codec_key(codec.name, dtype, form),
+            functools.partial(measure_seconds_per_element, codec.name, dtype, device, form),
+        )
+        for form in forms
+    )
+    return numel * per_element

@@ -7,10 +7,16 @@ processes, and a tensor-parallel run hid 2.98 ms of recompute in
 communication windows in one run and none in the next. Nobody can debug a
 plan that changes every time, and distributed ranks must agree on it.
 
-So a measured profile (roofline figures and codec timings) is measured the
-first time it is needed on a machine and written to
-``<cache dir>/device_profile-<key>.json``; every later process reads it
-back. The key hashes the device (CPU model and core count, or the GPU's
+So a measured profile is measured the first time it is needed on a
+machine and written to ``<cache dir>/device_profile-<key>.json``; every
+later process reads it back. The roofline figures are measured at once;
+codec timings (compress + decompress of a codec's aten form, compiled by
+Inductor: `codec_options`) lazily, one (codec, dtype) at a time when a plan
+first offers that codec for that dtype (a ``lossless`` plan never pays for
+compiling and timing the lossy codecs), and merged into the file: each
+write re-reads the file under a lock and keeps timings already there, so
+processes that time different codecs never drop each other's figures, and
+a timing another process wrote first wins over this one's. The key hashes the device (CPU model and core count, or the GPU's
 name), torch's version, adacc's version and `CACHE_FORMAT`, so a new torch,
 a new adacc or another machine measures afresh. The profile's digest is part
 of `AdaccPartitioner.uuid()`, so Inductor's graph cache never serves a plan
@@ -25,6 +31,8 @@ and a warning says that plans may then differ between processes.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,14 +40,15 @@ import pathlib
 import platform
 import tempfile
 import warnings
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 
 from .device_profile import DeviceProfile, measure_roofline
 
-CACHE_FORMAT = 1
-"""Bump when what is measured, or how, changes."""
+CACHE_FORMAT = 2
+"""Bump when what is measured, or how, changes. 2: codec timings are of the
+aten form compiled by Inductor, measured lazily per (codec, dtype)."""
 
 _IN_PROCESS: dict[str, DeviceProfile] = {}
 _REMEASURED: set[str] = set()
@@ -92,21 +101,92 @@ def cached_profile(device: str, *, refresh: bool = False) -> DeviceProfile:
     path = cache_path(device)
     profile = None if refresh else _read(path)
     if profile is None:
-        profile = _measure(device)
-        _write(path, device, profile)
+        profile = _store(path, device, _measure(device), replace=refresh)
     if refresh:
         _REMEASURED.add(device)
     _IN_PROCESS[device] = profile
     return profile
 
 
+def loaded_profile(device: str) -> DeviceProfile | None:
+    """The measured profile of ``device`` if this process has loaded (or
+    measured) it; never measures."""
+    return _IN_PROCESS.get(device)
+
+
+def codec_timing(device: str, key: str, measure: Callable[[], float]) -> float:
+    """The cached codec timing ``key`` (`codec_form.codec_key`) of
+    ``device``'s measured profile; ``measure()`` runs only where neither
+    this process nor the cache file has it, and its result is merged into
+    both (see the module docstring)."""
+    profile = cached_profile(device)
+    if key in profile.codec_seconds_per_element:
+        return profile.codec_seconds_per_element[key]
+    path = cache_path(device)
+    on_disk = _read(path)
+    if on_disk is not None and on_disk.codec_seconds_per_element.get(key) is not None:
+        seconds = on_disk.codec_seconds_per_element[key]
+    else:
+        seconds = measure()
+        seconds = _merge_timing(path, device, profile, key, seconds)
+    _IN_PROCESS[device] = dataclasses.replace(
+        _IN_PROCESS[device],
+        codec_seconds_per_element={**_IN_PROCESS[device].codec_seconds_per_element, key: seconds},
+    )
+    return seconds
+
+
+def _store(path: pathlib.Path, device: str, measured: DeviceProfile, *, replace: bool) -> DeviceProfile:
+    """Writes a freshly measured profile; unless ``replace``, a profile
+    another process wrote meanwhile wins (and is returned), so that
+    processes started together still plan from the same figures."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(path):
+            existing = None if replace else _read(path)
+            if existing is not None:
+                return existing
+            _write(path, device, measured)
+    except OSError:
+        _write(path, device, measured)  # warns that plans may differ between processes
+    return measured
+
+
+def _merge_timing(path: pathlib.Path, device: str, profile: DeviceProfile, key: str, seconds: float) -> float:
+    """Writes ``key`` into the cache file, keeping every timing already
+    there; returns the timing that ends up in the file (another process's,
+    if it wrote ``key`` first)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(path):
+            on_disk = _read(path) or profile
+            merged = dict(on_disk.codec_seconds_per_element)
+            seconds = merged.setdefault(key, seconds)
+            _write(path, device, dataclasses.replace(on_disk, codec_seconds_per_element=merged))
+    except OSError:
+        _write(path, device, profile)  # warns that plans may differ between processes
+    return seconds
+
+
+@contextlib.contextmanager
+def _locked(path: pathlib.Path) -> Iterator[None]:
+    """An exclusive lock on ``<path>.lock`` (POSIX; elsewhere no lock)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(path.with_suffix(".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _measure(device: str) -> DeviceProfile:
-    import dataclasses
-
-    from .codec_options import measure_codec_seconds
-
-    roofline = measure_roofline(device)
-    return dataclasses.replace(roofline, codec_seconds_per_element=measure_codec_seconds(device))
+    """The roofline; codec timings come later, one at a time (`codec_timing`)."""
+    return measure_roofline(device)
 
 
 def _read(path: pathlib.Path) -> DeviceProfile | None:
