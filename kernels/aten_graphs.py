@@ -37,8 +37,8 @@ class CodecGraphs:
     """The two traced graphs of one codec on one kind of value.
 
     ``compress``: ``(x) -> payload`` (a tuple of tensors);
-    ``decompress``: ``(*payload) -> x_hat`` (one tensor; for a DERIVATIVE
-    codec, the derivative).
+    ``decompress``: ``(*payload) -> (x_hat,)`` (for a DERIVATIVE codec, the
+    derivative).
     """
 
     codec: str
@@ -82,8 +82,8 @@ def _trace(codec: Codec, example: torch.Tensor) -> CodecGraphs:
     compress_gm = compat.trace_aten(compress, [example])
     payload = [node.meta["val"] for node in graph_outputs(compress_gm)]
 
-    def decompress(*parts: torch.Tensor) -> torch.Tensor:
-        return codec.aten_decompress(list(parts), shape, dtype)
+    def decompress(*parts: torch.Tensor) -> tuple[torch.Tensor]:
+        return (codec.aten_decompress(list(parts), shape, dtype),)
 
     decompress_gm = compat.trace_aten(decompress, payload)
     for gm in (compress_gm, decompress_gm):

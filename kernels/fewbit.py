@@ -141,6 +141,16 @@ SILU = CodeTable(
 )
 
 
+#: Each table's levels rounded float32 -> dtype, as Python floats: the
+#: values `_torch_decompress` looks up, computed here once (a trace of the
+#: aten form must not build tensors from Python data).
+_LEVELS_IN_DTYPE = {
+    (table.name, dtype): tuple(torch.tensor(table.levels, dtype=torch.float32).to(dtype).float().tolist())
+    for table in (GELU, SILU)
+    for dtype in _DTYPES
+}
+
+
 def fewbit_payload_spec(shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
     """Three bit planes of ceil(numel / 8) bytes each."""
     return [((BITS, (numel_of(shape) + 7) // 8), torch.uint8)]
@@ -345,8 +355,7 @@ def _aten_decompress(
     bits = shifted - 2.0 * torch.floor(shifted * 0.5)  # [3, nbytes, 8]
     code = (bits[0] + 2.0 * bits[1] + 4.0 * bits[2]).reshape(-1)[: numel_of(shape)]
     value = torch.full_like(code, float("nan"))
-    for level, derivative in enumerate(table.levels):
-        rounded = float(torch.tensor(derivative, dtype=torch.float32).to(dtype))
+    for level, rounded in enumerate(_LEVELS_IN_DTYPE[table.name, dtype]):
         value = torch.where(code == float(level), rounded, value)
     return value.to(dtype).reshape(shape)
 

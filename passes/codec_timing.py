@@ -73,7 +73,7 @@ def compiled_round_trip(codec: Codec, sample: torch.Tensor) -> RoundTrip:
     compress = compat.inductor_compile_inference(graphs.compress, [sample])
     payload = tuple(codec.aten_compress(sample))
     decompress = compat.inductor_compile_inference(graphs.decompress, list(payload))
-    return (lambda x: tuple(compress(x))), (lambda p: decompress(*p)[0])
+    return (lambda x: tuple(compress(x))), (lambda p: decompress(*p)[0])  # graphs return tuples
 
 
 def custom_op_round_trip(codec: Codec, sample: torch.Tensor) -> RoundTrip:

@@ -1,0 +1,140 @@
+"""The aten form of every codec (what compiled graphs run) against its torch reference.
+
+Tier 1: eager aten form == reference, payload and decompressed value, for
+every codec, dtype and a spread of shapes (NaN/Inf planted, odd sizes,
+0-d, empty, non-contiguous); the traced graphs hold only aten/prims ops and
+no tensor constants, so they splice into any graph.
+Tier 2: the same graphs compiled by Inductor (C++ on this CPU) give the
+same bits, one representative shape per codec and dtype (each compile
+takes seconds: one dtype per codec by default, all of them under
+``-m slow``).
+
+"Same" is bit for bit, except that any NaN equals any NaN (the references
+make NaN through different casts; the aten forms make the canonical one).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pytest
+import torch
+
+from adacc_compile import compat
+from adacc_compile.kernels import available_codecs, get_codec
+from adacc_compile.kernels.aten_graphs import codec_graphs
+
+FLOAT_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SHAPES = [(4, 64), (3, 130), (2, 3, 65), (7,), (), (1, 1), (0, 5), (5, 0), (33, 7)]
+#: One dtype per codec for the default run's Inductor compiles.
+DEFAULT_COMPILED = {"bitmask": torch.bool}
+
+
+def _dtypes(name: str) -> list[torch.dtype]:
+    return [torch.bool] if name == "bitmask" else FLOAT_DTYPES
+
+
+def _sample(name: str, shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g)
+    if dtype == torch.bool:
+        return x > 0.3
+    if name == "softmax_u8" and x.dim() >= 1 and x.numel():
+        x = (3 * x).softmax(-1)
+    elif x.dim() >= 1 and x.shape[-1] > 4:
+        x[..., 2] *= 30  # an outlier channel
+    x = x.to(dtype)
+    flat = x.view(-1)
+    for i, v in zip((1, 3, 4, 5, 9), (float("nan"), float("inf"), float("-inf"), -0.0, float("nan"))):
+        if i < flat.numel():
+            flat[i] = v
+    return x
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    nan = a.isnan()
+    if not torch.equal(nan, b.isnan()):
+        return False
+    keep = ~nan
+    return torch.equal(a[keep], b[keep]) and torch.equal(a[keep].signbit(), b[keep].signbit())
+
+
+def _same_payload(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(_same(p, q) for p, q in zip(a, b))
+
+
+def _cases():
+    for name in available_codecs():
+        for dtype in _dtypes(name):
+            yield pytest.param(name, dtype, id=f"{name}-{str(dtype).removeprefix('torch.')}")
+
+
+@pytest.mark.parametrize("name,dtype", list(_cases()))
+def test_eager_aten_form_equals_reference(name: str, dtype: torch.dtype, monkeypatch) -> None:
+    monkeypatch.setenv("ADACC_KERNELS", "torch")
+    codec = get_codec(name)
+    for shape in SHAPES:
+        x = _sample(name, shape, dtype)
+        if name == "softmax_u8" and x.numel() == 0:
+            continue
+        reference = list(codec.compress_op(x))
+        assert _same_payload(codec.aten_compress(x), reference), shape
+        expected = codec.decompress_op(reference, list(shape), dtype)
+        assert _same(codec.aten_decompress(reference, list(shape), dtype), expected), shape
+
+
+@pytest.mark.parametrize("name", available_codecs())
+def test_aten_form_of_a_non_contiguous_value(name: str, monkeypatch) -> None:
+    """A saved value may be a permuted layout (attention outputs): the aten
+    form must read it through its strides, as the reference does."""
+    monkeypatch.setenv("ADACC_KERNELS", "torch")
+    codec = get_codec(name)
+    dtype = _dtypes(name)[0]
+    x = _sample(name, (70, 6), dtype)
+    if name == "softmax_u8":
+        x = x.float().softmax(0).to(dtype)
+    x = x.t()
+    assert not x.is_contiguous()
+    reference = list(codec.compress_op(x))
+    assert _same_payload(codec.aten_compress(x), reference)
+
+
+@pytest.mark.parametrize("name", available_codecs())
+def test_traced_graphs_are_plain_aten_ops(name: str) -> None:
+    codec = get_codec(name)
+    x = _sample(name, (8, 96), _dtypes(name)[0])
+    graphs = codec_graphs(codec, x)
+    for gm in (graphs.compress, graphs.decompress):
+        ops = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+        assert ops and all(n.op == "call_function" for n in ops), "no get_attr constants, no modules"
+        namespaces = {getattr(n.target, "namespace", "builtin") for n in ops}
+        assert namespaces <= {"aten", "prims", "builtin"}, namespaces
+        assert not any(n.target is codec.compress_op or n.target is codec.decompress_op for n in ops)
+
+
+def _compiled_cases():
+    for name in available_codecs():
+        for dtype in _dtypes(name):
+            default = DEFAULT_COMPILED.get(name, torch.float32) == dtype
+            marks = () if default else (pytest.mark.slow,)
+            yield pytest.param(name, dtype, id=f"{name}-{str(dtype).removeprefix('torch.')}", marks=marks)
+
+
+@pytest.mark.parametrize("name,dtype", list(_compiled_cases()))
+def test_inductor_compiled_aten_form_equals_reference(name: str, dtype: torch.dtype, monkeypatch) -> None:
+    """What a compiled plan runs gives the reference's payload and values."""
+    monkeypatch.setenv("ADACC_KERNELS", "torch")
+    codec = get_codec(name)
+    shape = (37, 130)  # odd rows, channels not a multiple of any group
+    x = _sample(name, shape, dtype, seed=3)
+    graphs = codec_graphs(codec, x)
+    compress = compat.inductor_compile_inference(graphs.compress, [x])
+    reference = list(codec.compress_op(x))
+    assert _same_payload(list(compress(x)), reference)
+    decompress = compat.inductor_compile_inference(graphs.decompress, reference)
+    (restored,) = decompress(*reference)
+    assert _same(restored, codec.decompress_op(reference, list(shape), dtype))
