@@ -1,0 +1,396 @@
+"""The GPU check: codec kernels and whole training steps on one GPU, one command.
+
+    python bench/gpu_check.py              # one GPU, under 8 minutes (H200 sized)
+    python bench/gpu_check.py --smoke      # tiny sizes; runs on CPU too (tests)
+
+Writes ``gpu_check.md`` (and ``gpu_check.json``) to ``--out`` (default: env
+``OUT``, else the current directory), rewritten after every section so a run
+cut short still leaves what it measured.
+
+1. **Codec kernels.** For every codec (bfloat16 values; bool for bitmask):
+   the hand-written Triton kernels (the custom ops under
+   ``ADACC_KERNELS=triton``) and the aten form compiled by Inductor (what a
+   compiled plan runs) against the torch reference: payload and
+   decompressed value bit for bit (any NaN equals any NaN), else how many
+   elements differ. Then compress and decompress time of each form as a
+   fraction of a device copy of the value (copy time / codec time: 1.0
+   means copy speed), and which form is faster: what `codec_form` would
+   pick from a measured profile.
+2. **Training steps.** GPT- and Llama-style models of a few hundred million
+   parameters in bfloat16: step time (median of interleaved repeats) and
+   ``torch.cuda.max_memory_allocated`` above the weights, under no
+   checkpointing, full activation checkpointing, PyTorch's
+   ``activation_memory_budget`` partitioner and adacc lossless / balanced,
+   at each of ``--budgets`` (`adacc_compile.benchmarking.run_variants`).
+
+``--time-budget-s`` (default 450) stops starting new work once spent; the
+skipped parts are listed in the output. Without a GPU (``--smoke`` on CPU)
+the Triton column needs ``TRITON_INTERPRET=1`` set before start, else it
+reads "n/a".
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from adacc_compile import compat
+from adacc_compile.benchmarking import Variant, results_table, run_variants
+from adacc_compile.kernels import available_codecs, get_codec
+from adacc_compile.kernels.aten_graphs import codec_graphs
+from adacc_compile.kernels.oplib import is_interpreted, triton_available
+from adacc_compile.models import GPT, GPTConfig, Llama, LlamaConfig, count_parameters, gpt_batch, init_weights
+
+# --------------------------------------------------------------------------
+# sizes
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sizes:
+    codec_shape: tuple[int, int]
+    gpt: GPTConfig
+    llama: LlamaConfig
+    batch: int
+    steps: int
+    """Training steps before timing (the first compiles)."""
+    timing_repeats: int
+
+
+FULL = Sizes(
+    codec_shape=(8192, 4096),
+    gpt=GPTConfig(vocab_size=32000, seq_len=1024, n_layer=2, n_head=16, d_model=2048, dropout=0.1),
+    llama=LlamaConfig(vocab_size=32000, seq_len=1024, n_layer=2, n_head=16, d_model=2048, ffn_dim=5632),
+    batch=4,
+    steps=2,
+    timing_repeats=5,
+)
+SMOKE = Sizes(
+    codec_shape=(64, 256),
+    gpt=GPTConfig(vocab_size=64, seq_len=16, n_layer=1, n_head=2, d_model=32, dropout=0.1),
+    llama=LlamaConfig(vocab_size=64, seq_len=16, n_layer=1, n_head=2, d_model=32, ffn_dim=64),
+    batch=2,
+    steps=2,
+    timing_repeats=2,
+)
+
+
+# --------------------------------------------------------------------------
+# output
+# --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Report:
+    """Markdown + JSON under ``out``, rewritten after every section."""
+
+    out: pathlib.Path
+    sections: list[str] = dataclasses.field(default_factory=list)
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def add(self, markdown: str, key: str | None = None, value: Any = None) -> None:
+        self.sections.append(markdown)
+        if key is not None:
+            self.data[key] = value
+        print(markdown, flush=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "gpu_check.md").write_text("\n\n".join(self.sections) + "\n")
+        (self.out / "gpu_check.json").write_text(json.dumps(self.data, indent=1, default=str))
+
+
+def machine_line(device: torch.device) -> str:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
+    triton = "none"
+    if triton_available():
+        import triton
+
+        triton = triton.__version__
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{stamp}, {device.type} ({name}), torch {torch.__version__}, triton {triton}, {torch.get_num_threads()} CPU threads"
+
+
+# --------------------------------------------------------------------------
+# 1. codec kernels
+# --------------------------------------------------------------------------
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, int]:
+    """(identical, number of differing elements); any NaN equals any NaN,
+    the sign of zero counts."""
+    a, b = a.detach().cpu(), b.detach().cpu()
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False, max(a.numel(), b.numel())
+    if a.is_floating_point():
+        nan_a, nan_b = a.isnan(), b.isnan()
+        differ = (nan_a != nan_b) | (~nan_a & ~nan_b & ((a != b) | (a.signbit() != b.signbit())))
+    else:
+        differ = a != b
+    count = int(differ.sum())
+    return count == 0, count
+
+
+def _verdict(results: Sequence[tuple[bool, int]]) -> str:
+    if all(ok for ok, _ in results):
+        return "exact"
+    return "differs: " + ", ".join(str(n) for _, n in results)
+
+
+def codec_sample(name: str, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+    """A realistic value of the kind each codec is offered for, with NaN and
+    ±Inf planted (they must survive every form alike)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen)
+    if name == "bitmask":
+        return (x > 0.1).to(device)
+    if name == "softmax_u8":
+        x = (3 * x).softmax(-1)
+    else:
+        x[:, 7] *= 40  # an outlier channel
+    x = x.to(torch.bfloat16)
+    flat = x.view(-1)
+    flat[1], flat[5], flat[9], flat[13] = float("nan"), float("inf"), float("-inf"), -0.0
+    return x.to(device)
+
+
+def device_seconds(fn: Callable[[], object], device: torch.device, *, inner: int, repeats: int = 5) -> float:
+    """Fastest of ``repeats`` timings of ``inner`` back-to-back calls, per call."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3 / inner)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / inner)
+    return best
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CodecCheck:
+    codec: str
+    dtype: str
+    triton_vs_reference: str
+    inductor_vs_reference: str
+    copy_gbps: float
+    triton_compress: float | None
+    triton_decompress: float | None
+    inductor_compress: float
+    inductor_decompress: float
+
+    @property
+    def faster(self) -> str:
+        if self.triton_compress is None or self.triton_decompress is None:
+            return "inductor (only form timed)"
+        triton = 1 / self.triton_compress + 1 / self.triton_decompress  # in copy times
+        inductor = 1 / self.inductor_compress + 1 / self.inductor_decompress
+        return "triton" if triton < inductor else "inductor"
+
+
+def triton_runs_here(device: torch.device) -> bool:
+    if not triton_available():
+        return False
+    if device.type == "cuda":
+        return True
+    from adacc_compile.kernels import fp8
+
+    return is_interpreted(fp8._fp8_compress_kernel)
+
+
+def check_codec(name: str, shape: tuple[int, int], device: torch.device, inner: int) -> CodecCheck:
+    codec = get_codec(name)
+    x = codec_sample(name, shape, device)
+    dims = list(x.shape)
+    os.environ["ADACC_KERNELS"] = "torch"
+    reference = list(codec.compress_op(x))
+    expected = codec.decompress_op(reference, dims, x.dtype)
+    graphs = codec_graphs(codec, x)
+    compress = compat.inductor_compile_inference(graphs.compress, [x])
+    decompress = compat.inductor_compile_inference(graphs.decompress, reference)
+    payload = list(compress(x))
+    (restored,) = decompress(*reference)
+    inductor = [same(p, q) for p, q in zip(payload, reference)] + [same(restored, expected)]
+    copy = device_seconds(lambda: x.clone(), device, inner=inner)
+    timings: dict[str, float | None] = {
+        "inductor_compress": copy / device_seconds(lambda: compress(x), device, inner=inner),
+        "inductor_decompress": copy / device_seconds(lambda: decompress(*reference), device, inner=inner),
+        "triton_compress": None,
+        "triton_decompress": None,
+    }
+    triton_verdict = "n/a (no Triton here)"
+    if triton_runs_here(device):
+        os.environ["ADACC_KERNELS"] = "triton"
+        t_payload = list(codec.compress_op(x))
+        t_restored = codec.decompress_op(reference, dims, x.dtype)
+        triton_verdict = _verdict([same(p, q) for p, q in zip(t_payload, reference)] + [same(t_restored, expected)])
+        timings["triton_compress"] = copy / device_seconds(lambda: codec.compress_op(x), device, inner=inner)
+        timings["triton_decompress"] = copy / device_seconds(
+            lambda: codec.decompress_op(reference, dims, x.dtype), device, inner=inner
+        )
+    os.environ["ADACC_KERNELS"] = "auto"
+    return CodecCheck(
+        codec=name,
+        dtype=str(x.dtype).removeprefix("torch."),
+        triton_vs_reference=triton_verdict,
+        inductor_vs_reference=_verdict(inductor),
+        copy_gbps=2 * x.numel() * x.element_size() / copy / 1e9,
+        **timings,  # type: ignore[arg-type]
+    )
+
+
+def codec_table(checks: Sequence[CodecCheck]) -> str:
+    def fmt(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.3g}"
+
+    rows = [
+        "| codec | dtype | Triton = reference | Inductor = reference | copy GB/s | Triton compress | Triton decompress "
+        "| Inductor compress | Inductor decompress | faster |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for c in checks:
+        rows.append(
+            f"| {c.codec} | {c.dtype} | {c.triton_vs_reference} | {c.inductor_vs_reference} | {c.copy_gbps:.0f} "
+            f"| {fmt(c.triton_compress)} | {fmt(c.triton_decompress)} | {fmt(c.inductor_compress)} "
+            f"| {fmt(c.inductor_decompress)} | {c.faster} |"
+        )
+    return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------
+# 2. training steps
+# --------------------------------------------------------------------------
+
+
+def model_variants(budgets: Sequence[float], device_profile: str) -> list[Variant]:
+    variants = [Variant(name="no checkpointing", kind="inductor"), Variant(name="full AC", kind="full_ac")]
+    for budget in budgets:
+        variants.append(Variant(name=f"torch budget @{budget:g}", kind="torch_budget", budget=budget, solver="dp"))
+    for accuracy in ("lossless", "balanced"):
+        for budget in budgets:
+            variants.append(
+                Variant(
+                    name=f"adacc {accuracy} @{budget:g}",
+                    kind="adacc",
+                    options={"memory_budget": budget, "accuracy": accuracy, "device_profile": device_profile},
+                )
+            )
+    return variants
+
+
+def build_model(name: str, sizes: Sizes, device: torch.device) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, ...]]]:
+    cfg = sizes.gpt if name == "gpt" else sizes.llama
+    model = init_weights(GPT(cfg) if name == "gpt" else Llama(cfg))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = model.to(device=device, dtype=dtype)
+    gen = torch.Generator().manual_seed(0)
+    batches = [tuple(t.to(device) for t in gpt_batch(cfg, sizes.batch, gen)) for _ in range(sizes.steps)]
+    return model, batches
+
+
+def model_section(
+    name: str, sizes: Sizes, device: torch.device, budgets: Sequence[float], device_profile: str
+) -> tuple[str, Any]:
+    model, batches = build_model(name, sizes, device)
+    params = count_parameters(model)
+    cfg = sizes.gpt if name == "gpt" else sizes.llama
+    start = time.perf_counter()
+    results = run_variants(
+        model, batches, model_variants(budgets, device_profile), timing_repeats=sizes.timing_repeats, device=device.type
+    )
+    dtype = next(model.parameters()).dtype
+    head = (
+        f"### {name}: {params / 1e6:.0f} M parameters, {cfg.n_layer} layers, d_model {cfg.d_model}, "
+        f"seq {cfg.seq_len}, batch {sizes.batch}, {str(dtype).removeprefix('torch.')} "
+        f"({time.perf_counter() - start:.0f} s)\n\n"
+        "peak = max allocated during one step above what was allocated before it (the weights); "
+        "ratios against no checkpointing.\n\n"
+    )
+    data = [dataclasses.asdict(r) | {"median_step_seconds": r.median_step_seconds} for r in results]
+    for row in data:
+        row.pop("reports", None)
+    return head + results_table(results), data
+
+
+# --------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (CPU is fine)")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."), help="output folder (default: $OUT or .)")
+    parser.add_argument("--codecs", nargs="*", default=None, help="subset of codecs (default: all)")
+    parser.add_argument("--models", nargs="*", default=["gpt", "llama"], choices=["gpt", "llama"],
+                        help="models to train (none: the codec section only)")
+    parser.add_argument("--budgets", nargs="*", type=float, default=[0.5, 0.25])
+    parser.add_argument("--time-budget-s", type=float, default=450.0,
+                        help="start nothing new past this; a model is skipped when the previous one's "
+                        "duration would overrun it")
+    parser.add_argument("--device-profile", default=None,
+                        help="adacc's cost model (default: auto on a GPU, h100 with --smoke: a CPU "
+                        "profile would compile and time every codec first)")
+    args = parser.parse_args(argv)
+
+    started = time.perf_counter()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda" and not args.smoke:
+        print("no GPU here: use --smoke for a CPU run", file=sys.stderr)
+        return 2
+    sizes = SMOKE if args.smoke else FULL
+    report = Report(pathlib.Path(args.out))
+    report.add(f"# GPU check\n\n{machine_line(device)}; command: `python bench/gpu_check.py {' '.join(argv or sys.argv[1:])}`",
+               "machine", machine_line(device))
+    skipped: list[str] = []
+
+    def in_time(what: str, expected_s: float = 0.0) -> bool:
+        if time.perf_counter() - started + expected_s < args.time_budget_s:
+            return True
+        skipped.append(what)
+        return False
+
+    checks = []
+    inner = 20 if device.type == "cuda" else 3
+    for name in args.codecs or available_codecs():
+        if in_time(f"codec {name}"):
+            checks.append(check_codec(name, sizes.codec_shape, device, inner))
+    shape = "x".join(map(str, sizes.codec_shape))
+    report.add(
+        f"## Codec kernels ({shape})\n\nTriton / Inductor columns: copy time / codec time (1.00 = as fast as "
+        f"copying the value).\n\n" + codec_table(checks),
+        "codecs", [dataclasses.asdict(c) | {"faster": c.faster} for c in checks],
+    )
+    profile = args.device_profile or ("h100" if args.smoke else "auto")
+    last_model_s = 0.0
+    for name in args.models:
+        if in_time(f"model {name}", expected_s=last_model_s):
+            model_start = time.perf_counter()
+            text, data = model_section(name, sizes, device, args.budgets, profile)
+            report.add(text, f"model_{name}", data)
+            last_model_s = time.perf_counter() - model_start
+    total = time.perf_counter() - started
+    tail = f"Total {total:.0f} s." + (f" Skipped (time budget): {', '.join(skipped)}." if skipped else "")
+    report.add(tail, "seconds", total)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
