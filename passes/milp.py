@@ -9,10 +9,15 @@ Variables, for every candidate value v (only the legal ones exist):
   every candidate input u (graph inputs and parameters are always there),
   the sum over codecs that give u back exactly (a lossy or few-bit payload
   never feeds a recomputation);
-* memory at the forward/backward boundary:
-  ``Σ keep·bytes + Σ comp·compressed_bytes ≤ budget``;
-* objective: added time ``Σ rec·t_rec + Σ comp·t_codec`` (µs), plus a tie
-  break worth at most 0.1% of the cheapest option that prefers fewer bytes.
+* memory: where the problem has a memory model (`peak_model`), every row
+  of it (the activation bytes alive at a position of the step, through
+  continuous auxiliary variables in [0, 1]) ``≤ budget``; without one (hand-
+  made problems), ``Σ keep·bytes + Σ comp·compressed_bytes ≤ budget`` at the
+  forward/backward boundary. A ratio budget also caps the boundary bytes
+  (``boundary_budget_bytes``);
+* objective: time ``Σ keep·t_keep + Σ rec·t_rec + Σ comp·t_codec`` (µs),
+  plus tie breaks worth at most 0.1% of the cheapest option that prefer
+  fewer saved bytes and a lower modelled peak.
 
 Communication windows (Lynx, issue 5), when the problem has any:
 ``ov[v, w]`` for every window w legal for v's recompute, binary;
@@ -75,6 +80,10 @@ class _Var:
 @dataclass(slots=True)
 class _Model:
     vars: list[_Var] = field(default_factory=list)
+    continuous: dict[str, int] = field(default_factory=dict)
+    """Continuous columns after the binaries (name -> position among them):
+    the memory model's auxiliary variables, in [0, 1], and ``peak`` (in units
+    of `peak_scale` bytes)."""
     credit: dict[int, tuple[float, float, float]] = field(default_factory=dict)
     """``ov`` variable -> (recompute seconds it hides, bytes for the tie
     break, lateness in [0, 1) for the tie break) (issue 5)."""
@@ -87,6 +96,13 @@ class _Model:
         self.by_candidate.setdefault(var.candidate, []).append(index)
         return index
 
+    def column(self, name: str) -> int:
+        """Column of continuous variable ``name`` (added on first use; the
+        binaries come first, so they must all exist by then)."""
+        if name not in self.continuous:
+            self.continuous[name] = len(self.continuous)
+        return len(self.vars) + self.continuous[name]
+
 
 def solve_milp(
     problem: PlanProblem,
@@ -98,9 +114,9 @@ def solve_milp(
     """Solves ``problem``.
 
     Args:
-        minimize: "time" (added seconds, the normal objective) or "bytes"
-            (saved bytes: finds the reachable minimum and the runtime-optimal
-            baseline's footprint).
+        minimize: "time" (the plan's seconds, the normal objective), "bytes"
+            (saved bytes) or "peak" (the modelled activation peak, then time:
+            the reachable minimum of a problem with a memory model).
         time_cap_s: with ``minimize="bytes"``, cap the added time (used to
             find the smallest footprint among time-optimal plans).
     """
@@ -136,7 +152,7 @@ def solve_milp(
     values = np.asarray(highs.getSolution().col_value)
     choices: dict[str, Choice] = {}
     windows: dict[str, str] = {}
-    for index, var in enumerate(model.vars):
+    for index, var in enumerate(model.vars):  # the binaries
         if values[index] > 0.5:
             if var.window is not None:
                 windows[var.candidate] = var.window
@@ -148,8 +164,8 @@ def solve_milp(
 
 
 def _build(problem: PlanProblem, *, minimize: str, time_cap_s: float | None) -> _Model:
-    if minimize not in ("time", "bytes"):
-        raise ValueError(f"minimize={minimize!r} must be 'time' or 'bytes'")
+    if minimize not in ("time", "bytes", "peak"):
+        raise ValueError(f"minimize={minimize!r} must be 'time', 'bytes' or 'peak'")
     model = _Model()
     for cand in problem.candidates:
         for var in _options(cand):
@@ -173,10 +189,11 @@ def _build(problem: PlanProblem, *, minimize: str, time_cap_s: float | None) -> 
                     (-np.inf, 0.0, [r, *supply], [1.0] + [-1.0] * len(supply), f"dep_{cand.name}_{inp}")
                 )
     held = [i for i, v in enumerate(model.vars) if v.decision is not Decision.RECOMPUTE]
-    if problem.budget_bytes is not None and held:
-        model.rows.append(
-            (-np.inf, float(problem.budget_bytes), held, [float(model.vars[i].nbytes) for i in held], "budget")
-        )
+    held_bytes = [float(model.vars[i].nbytes) for i in held]
+    if problem.budget_bytes is not None and held and problem.memory is None:
+        model.rows.append((-np.inf, float(problem.budget_bytes), held, held_bytes, "budget"))
+    if problem.boundary_budget_bytes is not None and held:
+        model.rows.append((-np.inf, float(problem.boundary_budget_bytes), held, held_bytes, "boundary"))
     if time_cap_s is not None:
         timed = [i for i, v in enumerate(model.vars) if v.seconds > 0]
         if timed:
@@ -186,7 +203,60 @@ def _build(problem: PlanProblem, *, minimize: str, time_cap_s: float | None) -> 
             )
     if minimize == "time" and problem.windows:
         _add_windows(model, problem)
+    if problem.memory is not None:
+        _add_memory(model, problem, peak=minimize in ("peak", "time"))
     return model
+
+
+def _add_memory(model: _Model, problem: PlanProblem, *, peak: bool) -> None:
+    """The memory model's rows (see `peak_model`): auxiliary bounds, and each
+    position's bytes ≤ the budget and (``peak``) ≤ the peak column."""
+    memory = problem.memory
+    assert memory is not None
+    decision_column: dict[str, int] = {}
+    for index, var in enumerate(model.vars):
+        if var.window is not None:
+            continue
+        kind = {Decision.KEEP: "keep", Decision.RECOMPUTE: "rec", Decision.COMPRESS: "comp"}[var.decision]
+        key = f"{kind}:{var.candidate}" if var.codec is None else f"comp:{var.candidate}:{var.codec}"
+        decision_column[key] = index
+
+    def linear(terms: tuple[tuple[str, float], ...]) -> tuple[list[int], list[float]]:
+        cols: dict[int, float] = {}
+        for key, coef in terms:
+            col = model.column(key) if key.startswith("aux:") else decision_column.get(key)
+            if col is not None:  # an option that is not legal is 0
+                cols[col] = cols.get(col, 0.0) + coef
+        return list(cols), list(cols.values())
+
+    for i in range(len(memory.aux)):
+        model.column(f"aux:{i}")
+    for i, bounds in enumerate(memory.aux):
+        own = model.column(f"aux:{i}")
+        for bound in bounds:
+            cols, coefs = linear(bound.terms)
+            # aux - Σ coef·var ≥ const
+            model.rows.append((bound.const, np.inf, [own, *cols], [1.0, *(-c for c in coefs)], f"aux{i}"))
+    budget = problem.budget_bytes
+    peak_col = model.column("peak") if peak else None
+    scale = peak_scale(problem)
+    for row in memory.rows:
+        cols, coefs = linear(row.terms)
+        if budget is not None:
+            model.rows.append((-np.inf, float(budget) - row.const, cols, coefs, f"budget_{row.name}"))
+        if peak_col is not None:
+            model.rows.append(
+                (-np.inf, -row.const / scale, [*cols, peak_col], [*(c / scale for c in coefs), -1.0], f"peak_{row.name}")
+            )
+
+
+def peak_scale(problem: PlanProblem) -> float:
+    """Bytes per unit of the ``peak`` column: about the largest peak, so that
+    the column is O(1) and tie breaks stay small next to it."""
+    memory = problem.memory
+    assert memory is not None
+    largest = max((r.const + sum(c for _, c in r.terms if c > 0) for r in memory.rows), default=1.0)
+    return max(largest, 1.0)
 
 
 def _add_windows(model: _Model, problem: PlanProblem) -> None:
@@ -237,7 +307,7 @@ def _add_windows(model: _Model, problem: PlanProblem) -> None:
 def _options(cand: Candidate) -> list[_Var]:
     out = []
     if cand.can_keep:
-        out.append(_Var(cand.name, Decision.KEEP, None, 0.0, cand.keep_bytes))
+        out.append(_Var(cand.name, Decision.KEEP, None, cand.keep_seconds, cand.keep_bytes))
     if cand.can_recompute:
         out.append(_Var(cand.name, Decision.RECOMPUTE, None, cand.recompute_seconds, 0))
     for opt in cand.compress:
@@ -251,25 +321,40 @@ def _options(cand: Candidate) -> list[_Var]:
 
 
 def _to_lp(model: _Model, minimize: str, problem: PlanProblem) -> highspy.HighsLp:
-    n = len(model.vars)
+    binaries = len(model.vars)
+    n = binaries + len(model.continuous)
     seconds = np.array([v.seconds * _US for v in model.vars], dtype=np.float64)
     nbytes = np.array([float(v.nbytes) for v in model.vars], dtype=np.float64)
+    positive = seconds[seconds > 0]
+    cheapest = float(positive.min()) if positive.size else 1.0
+    total_bytes = float(nbytes.sum()) or 1.0
+    cost = np.zeros(n)
+    peak = model.continuous.get("peak")
     if minimize == "time":
-        positive = seconds[seconds > 0]
-        cheapest = float(positive.min()) if positive.size else 1.0
-        total_bytes = float(nbytes.sum()) or 1.0
-        cost = seconds + TIE_BREAK * cheapest * nbytes / total_bytes
+        cost[:binaries] = seconds + TIE_BREAK * cheapest * nbytes / total_bytes
         for index, (credit, tie_bytes, lateness) in model.credit.items():  # ov[v, w] (issue 5)
             cost[index] = -credit * _US + 1e-3 * cheapest * (tie_bytes / total_bytes + lateness)
+        if peak is not None:  # among equally fast plans, the lower peak
+            cost[binaries + peak] = TIE_BREAK * cheapest
+    elif minimize == "peak":
+        assert peak is not None, "minimize='peak' needs a memory model"
+        cost[binaries + peak] = 1.0
+        total_seconds = float(seconds.sum()) or 1.0
+        cost[:binaries] = TIE_BREAK * seconds / total_seconds  # then the faster plan
     else:
-        cost = nbytes / 2**20
+        cost[:binaries] = nbytes / 2**20
     lp = highspy.HighsLp()
     lp.num_col_ = n
     lp.num_row_ = len(model.rows)
     lp.col_cost_ = cost
     lp.col_lower_ = np.zeros(n)
-    lp.col_upper_ = np.ones(n)
-    lp.col_names_ = [_var_name(i, v) for i, v in enumerate(model.vars)]
+    upper = np.ones(n)
+    if peak is not None:
+        upper[binaries + peak] = np.inf
+    lp.col_upper_ = upper
+    lp.col_names_ = [_var_name(i, v) for i, v in enumerate(model.vars)] + [
+        _safe(name) for name in model.continuous
+    ]
     lp.row_lower_ = np.array([r[0] for r in model.rows], dtype=np.float64)
     lp.row_upper_ = np.array([r[1] for r in model.rows], dtype=np.float64)
     lp.row_names_ = [_safe(r[4]) + f"_{i}" for i, r in enumerate(model.rows)]
@@ -284,7 +369,9 @@ def _to_lp(model: _Model, minimize: str, problem: PlanProblem) -> highspy.HighsL
     lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
     lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
     lp.a_matrix_.value_ = np.array(value, dtype=np.float64)
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * n
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * binaries + [highspy.HighsVarType.kContinuous] * (
+        n - binaries
+    )
     lp.sense_ = highspy.ObjSense.kMinimize
     return lp
 

@@ -41,6 +41,80 @@ class CompressOption:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Lifetime:
+    """Where a candidate lives in the step, in positions of the forward and
+    the backward order (`passes.lifetimes` explains the orders)."""
+
+    produced: int
+    """Forward position of the node computing it (-1: a graph input)."""
+    forward_last_use: int
+    """Last forward position reading it (the last position for a forward
+    output)."""
+    forward_always: bool = True
+    """The forward outputs need it: computed in the forward whatever the plan.
+    False for values only the backward reads (they run in the forward only
+    when saved, or when a saved value is computed from them)."""
+    forward_bytes: int = 0
+    """Bytes it occupies as a forward temporary (0 when fused away)."""
+    backward_bytes: int = 0
+    """Bytes a recomputed copy occupies (0 for views and fused values)."""
+    reads: tuple[int, ...] = ()
+    """Backward positions of the nodes that read it directly, sorted."""
+    alias_of: str = ""
+    """For a view: the value whose storage it shares (that value stays alive
+    while the view does)."""
+    late_readers: tuple[tuple[str, int], ...] = ()
+    """Candidates only the backward needs that read its storage after
+    ``forward_last_use`` (name, forward position): when the plan computes one
+    in the forward, the value lives until it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepLayout:
+    """The positions of one step and what no decision changes."""
+
+    forward_positions: int
+    backward_positions: int
+    forward_base: tuple[int, ...] = ()
+    """Activation bytes alive at each forward position that belong to values
+    the backward never reads."""
+    forward_layers: tuple[str, ...] = ()
+    """Block id of the node at each forward position ("" outside blocks)."""
+    backward_layers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuxBound:
+    """``aux >= const + Σ coef · var`` (one lower bound of an auxiliary
+    variable of the memory model; `var` keys as in `MemoryRow`)."""
+
+    const: float
+    terms: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryRow:
+    """Activation bytes at one position (or an upper bound over a segment of
+    positions): ``const + Σ coef · var``. Variable keys: ``keep:<c>``,
+    ``rec:<c>``, ``comp:<c>:<codec>`` (a decision of candidate c, 0 or 1)
+    and ``aux:<i>`` (auxiliary variable i of the model, in [0, 1])."""
+
+    name: str
+    const: float
+    terms: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryModel:
+    """The peak-memory model of a plan problem (built by `peak_model`)."""
+
+    aux: tuple[tuple[AuxBound, ...], ...]
+    """Lower bounds of each auxiliary variable; a variable's bounds refer
+    only to decisions and to auxiliary variables before it."""
+    rows: tuple[MemoryRow, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Candidate:
     """One forward value the backward may need, with its legal options."""
 
@@ -61,6 +135,12 @@ class Candidate:
     windows: tuple[str, ...] = ()
     """Communication windows its recomputation may be placed in (Lynx): the
     window opens before this value's first backward use (issue 5)."""
+    keep_seconds: float = 0.0
+    """Time keeping it costs: writing it in the forward where it would
+    otherwise stay fused, and reading it back in the backward."""
+    lifetime: Lifetime | None = None
+    """Where it lives in the step (None: hand-made problems without a
+    memory model; the budget then caps the saved bytes only)."""
 
 
 # --- communication windows (issue 5, Lynx) ---------------------------------
@@ -87,9 +167,17 @@ class PlanProblem:
     candidates: tuple[Candidate, ...]
     """In topological order."""
     budget_bytes: int | None = None
-    """Cap on bytes held at the forward/backward boundary; None = no cap."""
+    """Cap on the activation peak of the step where the problem has a
+    `memory` model, else on the bytes held at the forward/backward boundary;
+    None = no cap."""
+    boundary_budget_bytes: int | None = None
+    """An additional cap on the bytes held at the boundary (ratio budgets:
+    the same ratio of what PyTorch's default partitioner saves)."""
     windows: tuple[CommWindow, ...] = ()
     """Communication windows recomputation may hide in (empty: none)."""
+    layout: StepLayout | None = None
+    memory: MemoryModel | None = None
+    """Rows bounding the activation memory at every position of the step."""
 
     def by_name(self) -> dict[str, Candidate]:
         return {c.name: c for c in self.candidates}
@@ -145,13 +233,16 @@ def saved_bytes(problem: PlanProblem, solution: PlanSolution) -> int:
 
 
 def added_seconds(problem: PlanProblem, solution: PlanSolution) -> float:
-    """Estimated time the plan adds: recomputation plus codec time."""
+    """Estimated time of the plan's choices (the MILP's objective): keeping
+    (writes and reads), recomputation, codecs."""
     total = 0.0
     for cand in problem.candidates:
         choice = solution.choices.get(cand.name)
         if choice is None:
             continue
-        if choice.decision is Decision.RECOMPUTE:
+        if choice.decision is Decision.KEEP:
+            total += cand.keep_seconds
+        elif choice.decision is Decision.RECOMPUTE:
             total += cand.recompute_seconds
         elif choice.decision is Decision.COMPRESS:
             total += next(o.seconds for o in cand.compress if o.codec == choice.codec)
@@ -180,10 +271,19 @@ def check_solution(problem: PlanProblem, solution: PlanSolution) -> list[str]:
                     errors.append(
                         f"{cand.name}: recomputed from {inp}, whose codec may not feed a recompute"
                     )
-    if problem.budget_bytes is not None and saved_bytes(problem, solution) > problem.budget_bytes:
+    if problem.memory is not None and problem.budget_bytes is not None:
+        from .peak_model import decision_values, evaluate
+
+        peak, where = evaluate(problem.memory, decision_values(problem, solution))
+        if peak > problem.budget_bytes * (1 + 1e-9):
+            errors.append(f"modelled activation peak {peak:.0f} bytes (at {where}) > budget {problem.budget_bytes}")
+    elif problem.budget_bytes is not None and saved_bytes(problem, solution) > problem.budget_bytes:
         errors.append(
             f"saved {saved_bytes(problem, solution)} bytes > budget {problem.budget_bytes}"
         )
+    boundary = problem.boundary_budget_bytes
+    if boundary is not None and saved_bytes(problem, solution) > boundary:
+        errors.append(f"saved {saved_bytes(problem, solution)} bytes > boundary budget {boundary}")
     errors += check_windows(problem, solution)
     return errors
 

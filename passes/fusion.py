@@ -1,0 +1,122 @@
+"""Fusion: which values Inductor materialises, and what recomputing or
+keeping a value really costs once it fuses.
+
+Reads: ``node.meta["adacc"]`` (annotate pass), the nodes' users. Writes
+nothing.
+
+Why: Inductor fuses chains of pointwise ops into one kernel, so most
+intermediate values of such a chain never exist in memory, and recomputing
+one in the backward costs its consumer a few more input reads, not a kernel
+of its own. A cost model that charges every recomputed op a full roofline
+time plus a launch (and every temporary its bytes) holds far more than
+Inductor's own partitioner, which exploits exactly this: at budget 0.7 adacc
+once held 1.30x the default's memory on a Llama, and on a GPT-2 loss graph
+the unfused simulation counted 720 MB of ``sub``/``exp`` values that
+Inductor never materialises.
+
+The rules (`Realization`):
+
+* ``eager`` (the ``adacc_eager`` backend): every op runs on its own and
+  materialises its output.
+* ``inductor``: a pointwise op (``torch.Tag.pointwise``) whose consumers are
+  all pointwise ops or reductions is fused into them and never materialised;
+  anything else (matmuls, attention, reductions, norms, random ops,
+  collectives, custom ops, indexing) produces a buffer, and a pointwise value
+  read by such an op must be materialised too. Views never allocate. This is
+  a static approximation of Inductor's scheduler (it may still realise a
+  pointwise value with many readers), chosen to err towards materialising,
+  so that the memory model stays an upper bound.
+
+Costs (seconds, on a `DeviceProfile`): keeping a value costs writing it in
+the forward (unless it is materialised there anyway) and reading it back in
+the backward; recomputing a fused value costs reading its inputs; recomputing
+anything else costs its roofline time plus a launch. Values the forward
+computes only for the backward (PyTorch's "unclaimed" nodes) run once either
+way: computing them in the backward instead adds nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Iterable
+
+import torch
+import torch.fx as fx
+
+from .annotate import META_KEY, annotation, tensor_bytes
+from .device_profile import DeviceProfile
+from .op_class import OpClass, classify, is_view_op
+
+
+class Realization(str, enum.Enum):
+    EAGER = "eager"
+    INDUCTOR = "inductor"
+
+
+_FUSIBLE_CLASSES = (OpClass.ELEMENTWISE, OpClass.ACTIVATION, OpClass.MASK, OpClass.VIEW)
+
+
+def _op_class(node: fx.Node) -> OpClass:
+    ann = node.meta.get(META_KEY)
+    return ann.op_class if ann is not None else classify(node)  # nodes a rewrite added
+
+
+def is_pointwise(node: fx.Node) -> bool:
+    """A pointwise op Inductor can fuse (views are handled separately)."""
+    if node.op != "call_function":
+        return False
+    return torch.Tag.pointwise in getattr(node.target, "tags", ()) and _op_class(node) in _FUSIBLE_CLASSES
+
+
+def absorbs_producer(node: fx.Node) -> bool:
+    """True when ``node`` can take a pointwise producer into its own kernel
+    (pointwise ops and reductions; views pass it on)."""
+    if node.op != "call_function":
+        return False
+    if is_view_op(node):
+        return True
+    tags = getattr(node.target, "tags", ())
+    return torch.Tag.pointwise in tags or _op_class(node) is OpClass.REDUCTION
+
+
+def materialised(node: fx.Node, consumers: Iterable[fx.Node], mode: Realization) -> bool:
+    """Does computing ``node`` (for ``consumers``) allocate its output?"""
+    if node.op != "call_function" or is_view_op(node):
+        return False
+    if mode is Realization.EAGER or not is_pointwise(node):
+        return True
+    return not all(absorbs_producer(c) for c in consumers if c.op != "output") or any(
+        c.op == "output" for c in consumers
+    )
+
+
+def _input_bytes(node: fx.Node) -> int:
+    seen: set[fx.Node] = set()
+    total = 0
+    for arg in node.all_input_nodes:
+        if arg not in seen:
+            seen.add(arg)
+            total += tensor_bytes(arg.meta.get("val"))
+    return total
+
+
+def keep_seconds(node: fx.Node, *, realised_in_forward: bool, profile: DeviceProfile, mode: Realization) -> float:
+    """Time keeping ``node`` adds: the forward writes it (if it would
+    otherwise stay fused) and the backward reads it back."""
+    if mode is Realization.EAGER or is_view_op(node):
+        return 0.0
+    nbytes = annotation(node).storage_bytes
+    written = 0 if realised_in_forward else nbytes
+    return (written + nbytes) / profile.memory_bytes_per_s
+
+
+def recompute_seconds(
+    node: fx.Node, *, forward_needed: bool, realised_in_backward: bool, profile: DeviceProfile, mode: Realization
+) -> float:
+    """Time recomputing ``node`` in the backward adds (see module docstring)."""
+    ann = annotation(node)
+    if is_view_op(node) or not forward_needed:
+        return 0.0
+    if mode is Realization.INDUCTOR and is_pointwise(node) and not realised_in_backward:
+        return _input_bytes(node) / profile.memory_bytes_per_s
+    return ann.runtime_s

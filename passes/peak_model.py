@@ -1,0 +1,537 @@
+"""Peak model: the activation memory of a plan at every position of the
+step, as linear expressions in the decisions, and the plan simulator it is
+checked against.
+
+Reads: a `PlanProblem` whose candidates carry `Lifetime`s and whose
+`StepLayout` gives the positions. Writes nothing; `build_memory_model`
+returns a `MemoryModel` (plain rows for the MILP), `evaluate` the model's
+peak for a solution, `simulate` the exact peak under the extractor's
+semantics.
+
+The backward runs its nodes in a fixed order (`lifetimes`); what a plan
+changes is which values are alive between them:
+
+* a kept value is alive from the boundary to its last need;
+* a recomputed value from its first need to its last need (its bytes:
+  `Lifetime.backward_bytes`, 0 when fused into its readers or a view);
+* a compressed value's payload until its first need, then the decompressed
+  value until its last need;
+
+where a value is *needed* at the positions of the backward nodes that read
+it, and, through every recomputed value computed from it, at that value's
+recomputation, which happens at its first need. Needs propagate from users
+to inputs, so they are auxiliary variables: ``need[v, s] >= need[u, s] +
+rec[u] - 1`` for a recomputable user ``u`` of ``v`` at positions up to u's
+first direct read (after it, u exists already), and ``f[v, s]`` / ``g[v, s]``
+(needed at or before / at or after s) are their running maxima. A product
+of a decision and these is bounded below by the usual ``x + y - 1``. Every
+bound pushes an auxiliary variable up only where the plan needs it, and the
+memory rows push them down, so the model's peak is an upper bound on the
+simulated one; it over-estimates where a value is needed early through one
+user and read directly later (it is then counted alive in between).
+
+The forward holds every value the plan saves from its node to the end;
+values only the backward reads run in the forward only when saved, or when
+a saved value is computed from them (``fc[v]``).
+
+Positions are grouped into segments (`segment_positions`); a row bounds the
+bytes alive anywhere in its segment. One position per segment is exact; the
+blocks of a class of identical blocks other than its representative each
+form one segment (the representative, processed first in the backward,
+holds every other block's saved values and is where the peak lies), which
+keeps the model small at 32 layers while staying an upper bound.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable
+
+from .plan_problem import (
+    AuxBound,
+    Candidate,
+    Decision,
+    Lifetime,
+    MemoryModel,
+    MemoryRow,
+    PlanProblem,
+    PlanSolution,
+    StepLayout,
+)
+
+MAX_SEGMENTS = 600
+"""Per phase: wider segments beyond this (the model stays an upper bound)."""
+
+
+# --------------------------------------------------------------------------
+# segments
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """Position -> segment index, for one phase."""
+
+    of: tuple[int, ...]
+    count: int
+
+
+def segment_positions(layers: tuple[str, ...], coarse: frozenset[str], limit: int = MAX_SEGMENTS) -> Segments:
+    """Consecutive positions of a coarse block form one segment; every
+    other position is a segment of its own, widened evenly if there would
+    be more than ``limit``."""
+    fine = sum(1 for layer in layers if layer not in coarse)
+    width = max(1, -(-fine // max(limit - len(coarse), 1)))
+    of: list[int] = []
+    count = 0
+    run = 0
+    previous = None
+    for layer in layers:
+        if layer in coarse:
+            if layer != previous:
+                count += 1
+            run = 0
+        else:
+            if run % width == 0 or previous in coarse:
+                count += 1
+                run = 0
+            run += 1
+        of.append(count - 1)
+        previous = layer
+    return Segments(tuple(of), count)
+
+
+# --------------------------------------------------------------------------
+# static need ranges
+# --------------------------------------------------------------------------
+
+
+def _users(problem: PlanProblem) -> dict[str, list[Candidate]]:
+    users: dict[str, list[Candidate]] = defaultdict(list)
+    for cand in problem.candidates:
+        for inp in dict.fromkeys(cand.inputs):
+            users[inp].append(cand)
+    return users
+
+
+def need_segments(problem: PlanProblem, bw: Segments) -> dict[str, frozenset[int]]:
+    """Segments where each candidate may be needed, under any plan."""
+    users = _users(problem)
+    out: dict[str, frozenset[int]] = {}
+    for cand in reversed(problem.candidates):
+        lt = cand.lifetime
+        direct = {bw.of[p] for p in lt.reads} if lt else set()
+        need = set(direct)
+        for user in users.get(cand.name, ()):
+            if not user.can_recompute or user.name not in out:
+                continue
+            need |= _until_first_read(out[user.name], user, bw, cand.name)
+        out[cand.name] = frozenset(need)
+    return out
+
+
+def _until_first_read(need: frozenset[int], user: Candidate, bw: Segments, of: str = "") -> set[int]:
+    """The segments of ``need`` where a recomputed ``user`` needs its input
+    ``of``: up to the user's first direct read (after it, the user exists
+    already and needs none of its inputs), or all of them when the user is
+    a view of ``of`` (it shares that storage for as long as it lives)."""
+    reads = user.lifetime.reads if user.lifetime else ()
+    if not reads or (of and user.lifetime is not None and user.lifetime.alias_of == of):
+        return set(need)
+    first = bw.of[reads[0]]
+    return {s for s in need if s <= first}
+
+
+# --------------------------------------------------------------------------
+# the model
+# --------------------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.aux: list[tuple[AuxBound, ...]] = []
+        self._products: dict[tuple[str, ...], str] = {}
+
+    def new(self, bounds: Iterable[AuxBound]) -> str:
+        self.aux.append(tuple(bounds))
+        return f"aux:{len(self.aux) - 1}"
+
+    def product(self, variables: tuple[str, ...]) -> str:
+        """An auxiliary variable >= the product of binary-valued ``variables``."""
+        key = tuple(sorted(variables))
+        if key not in self._products:
+            terms = tuple((v, 1.0) for v in key)
+            self._products[key] = self.new([AuxBound(const=-(len(terms) - 1.0), terms=terms)])
+        return self._products[key]
+
+
+def _key(kind: str, name: str, rep_of: dict[str, str], codec: str | None = None) -> str:
+    name = rep_of.get(name, name)
+    return f"{kind}:{name}" if codec is None else f"{kind}:{name}:{codec}"
+
+
+def build_memory_model(
+    problem: PlanProblem,
+    *,
+    coarse_blocks: frozenset[str] = frozenset(),
+    rep_of: dict[str, str] | None = None,
+    limit: int = MAX_SEGMENTS,
+) -> MemoryModel:
+    """Rows bounding the activation bytes of every segment of the step.
+
+    ``rep_of`` maps candidates folded by block reuse to the representative
+    whose decision they share (variable keys name the representative)."""
+    layout = problem.layout
+    assert layout is not None, "build_memory_model needs a StepLayout"
+    rep_of = rep_of or {}
+    fw = segment_positions(layout.forward_layers, coarse_blocks, limit)
+    bw = segment_positions(layout.backward_layers, coarse_blocks, limit)
+    needs = need_segments(problem, bw)
+    users = _users(problem)
+    capped = {c.name: _until_first_read(needs[c.name], c, bw) for c in problem.candidates if c.lifetime}
+    whole = {c.name: set(needs[c.name]) for c in problem.candidates if c.lifetime}
+    b = _Builder()
+    need_var: dict[tuple[str, int], str | float] = {}
+    rows_bw: list[dict[str, float]] = [defaultdict(float) for _ in range(bw.count)]
+    for cand in reversed(problem.candidates):
+        lt = cand.lifetime
+        if lt is None:
+            continue
+        direct = sorted({bw.of[p] for p in lt.reads})
+        span = sorted(needs[cand.name])
+        for s in span:
+            if s in direct:
+                need_var[(cand.name, s)] = 1.0
+                continue
+            bounds = []
+            for user in users.get(cand.name, ()):
+                if not user.can_recompute or user.lifetime is None:
+                    continue
+                views_it = user.lifetime.alias_of == cand.name
+                if s not in (whole if views_it else capped).get(user.name, ()):
+                    continue
+                un = need_var.get((user.name, s), 0.0)
+                rec = _key("rec", user.name, rep_of)
+                if un == 1.0:
+                    bounds.append(AuxBound(const=0.0, terms=((rec, 1.0),)))
+                elif un:
+                    bounds.append(AuxBound(const=-1.0, terms=((str(un), 1.0), (rec, 1.0))))
+            need_var[(cand.name, s)] = b.new(bounds) if bounds else 0.0
+        _add_backward_terms(b, cand, span, direct, need_var, rows_bw, rep_of, bw.count)
+    rows_fw = _forward_rows(b, problem, fw, users, rep_of)
+    rows = _merge(
+        [("fw", i, r) for i, r in enumerate(rows_fw)] + [("bw", i, (0.0, r)) for i, r in enumerate(rows_bw)]
+    )
+    return MemoryModel(aux=tuple(b.aux), rows=tuple(rows))
+
+
+def _add_backward_terms(
+    b: _Builder,
+    cand: Candidate,
+    span: list[int],
+    direct: list[int],
+    need_var: dict[tuple[str, int], str | float],
+    rows: list[dict[str, float]],
+    rep_of: dict[str, str],
+    count: int,
+) -> None:
+    lt = cand.lifetime
+    assert lt is not None
+    if not span:
+        return
+    lo, hi = span[0], span[-1]
+    first_direct = direct[0] if direct else None
+    last_direct = direct[-1] if direct else None
+
+    def need(s: int) -> str | float:
+        return need_var.get((cand.name, s), 0.0)
+
+    # f[s]: needed at or before s, for s in [lo, hi]; 1 from the first read.
+    f: dict[int, str | float] = {}
+    running: str | float = 0.0
+    for s in range(lo, hi + 1):
+        if first_direct is not None and s >= first_direct:
+            running = 1.0
+        else:
+            running = _max_of(b, running, need(s))
+        f[s] = running
+    # g[s]: needed at or after s, for s in [lo, hi]; 1 up to the last read.
+    g: dict[int, str | float] = {}
+    running = 0.0
+    for s in range(hi, lo - 1, -1):
+        if last_direct is not None and s <= last_direct:
+            running = 1.0
+        else:
+            running = _max_of(b, running, need(s))
+        g[s] = running
+    keep = _key("keep", cand.name, rep_of) if cand.can_keep else None
+    rec = _key("rec", cand.name, rep_of) if cand.can_recompute else None
+    for s in range(0, hi + 1):
+        gs = g[s] if s >= lo else g[lo]
+        fs = f[s] if s >= lo else 0.0
+        f_before = f[s - 1] if s - 1 >= lo else 0.0
+        if keep is not None and cand.keep_bytes:
+            _add_product(b, rows[s], cand.keep_bytes, [keep], [gs])
+        if rec is not None and lt.backward_bytes and s >= lo:
+            _add_product(b, rows[s], lt.backward_bytes, [rec], [fs, gs])
+        for option in cand.compress:
+            comp = _key("comp", cand.name, rep_of, option.codec)
+            if option.nbytes:
+                _add_payload(b, rows[s], option.nbytes, comp, f_before)
+            if s >= lo and cand.keep_bytes:
+                _add_product(b, rows[s], cand.keep_bytes, [comp], [fs, gs])
+
+
+def _max_of(b: _Builder, x: str | float, y: str | float) -> str | float:
+    """An auxiliary variable >= both (constants fold)."""
+    if x == 1.0 or y == 1.0:
+        return 1.0
+    if x == 0.0:
+        return y
+    if y == 0.0 or x == y:
+        return x
+    return b.new([AuxBound(const=0.0, terms=((str(x), 1.0),)), AuxBound(const=0.0, terms=((str(y), 1.0),))])
+
+
+def _add_product(b: _Builder, row: dict[str, float], nbytes: float, decisions: list[str], factors: list[str | float]) -> None:
+    """row += nbytes * decision * Π factors (factors in [0, 1])."""
+    if any(f == 0.0 for f in factors):
+        return
+    variables = [str(f) for f in factors if f != 1.0]
+    if not variables:
+        for d in decisions:
+            row[d] += nbytes
+        return
+    row[b.product((*decisions, *variables))] += nbytes
+
+
+def _add_payload(b: _Builder, row: dict[str, float], nbytes: float, comp: str, needed_before: str | float) -> None:
+    """row += nbytes * comp * (1 - needed_before)."""
+    if needed_before == 1.0:
+        return
+    if needed_before == 0.0:
+        row[comp] += nbytes
+        return
+    aux = b.new([AuxBound(const=0.0, terms=((comp, 1.0), (str(needed_before), -1.0)))])
+    row[aux] += nbytes
+
+
+def _forward_rows(
+    b: _Builder, problem: PlanProblem, fw: Segments, users: dict[str, list[Candidate]], rep_of: dict[str, str]
+) -> list[tuple[float, dict[str, float]]]:
+    layout = problem.layout
+    assert layout is not None
+    consts = [0.0] * fw.count
+    for position, nbytes in enumerate(layout.forward_base):
+        s = fw.of[position]
+        consts[s] = max(consts[s], float(nbytes))
+    # Plan-independent forward temporaries of candidates, per position, then
+    # the segment maximum (a segment's const is its peak position's bytes).
+    extra = [0.0] * len(layout.forward_base)
+    rows: list[dict[str, float]] = [defaultdict(float) for _ in range(fw.count)]
+    computed: dict[str, str | float] = {}
+    last_segment = fw.count - 1
+    for cand in reversed(problem.candidates):
+        lt = cand.lifetime
+        if lt is None or lt.produced < 0:
+            continue
+        p, end = fw.of[lt.produced], fw.of[lt.forward_last_use]
+        keep = _key("keep", cand.name, rep_of) if cand.can_keep else None
+        comps = [(_key("comp", cand.name, rep_of, o.codec), o.nbytes) for o in cand.compress]
+        if lt.forward_always:
+            for t in range(lt.produced, lt.forward_last_use + 1):
+                extra[t] += lt.forward_bytes
+            held_from = end + 1 if lt.forward_bytes else p
+            if lt.forward_bytes:
+                _late_reader_terms(rows, lt, fw, computed, keep)
+        else:
+            bounds = [AuxBound(const=0.0, terms=((keep, 1.0),))] if keep else []
+            bounds += [AuxBound(const=0.0, terms=((c, 1.0),)) for c, _ in comps]
+            for user in users.get(cand.name, ()):
+                mark = computed.get(user.name)
+                if isinstance(mark, str):
+                    bounds.append(AuxBound(const=0.0, terms=((mark, 1.0),)))
+            computed[cand.name] = b.new(bounds) if bounds else 0.0
+            if lt.forward_bytes and isinstance(computed[cand.name], str):
+                for s in range(p, end + 1):
+                    rows[s][computed[cand.name]] += lt.forward_bytes
+            held_from = end + 1 if lt.forward_bytes else p
+        for s in range(held_from, last_segment + 1):
+            if keep and cand.keep_bytes:
+                rows[s][keep] += cand.keep_bytes
+        for s in range(p, last_segment + 1):
+            for comp, nbytes in comps:
+                if nbytes:
+                    rows[s][comp] += nbytes
+    for position, nbytes in enumerate(extra):
+        s = fw.of[position]
+        consts[s] = max(consts[s], float(layout.forward_base[position] if layout.forward_base else 0) + nbytes)
+    return [(consts[s], rows[s]) for s in range(fw.count)]
+
+
+def _late_reader_terms(
+    rows: list[dict[str, float]], lt: Lifetime, fw: Segments, computed: dict[str, str | float], keep: str | None
+) -> None:
+    """A forward temporary read later by a value the plan may compute in the
+    forward lives until that reader, if it is computed there: rows += fc[r]
+    · bytes over the extension (a kept value is counted by its keep term)."""
+    start = fw.of[lt.forward_last_use] + 1
+    for name, position in lt.late_readers:
+        mark = computed.get(name)
+        if not isinstance(mark, str):
+            continue
+        for s in range(start, fw.of[position] + 1):
+            rows[s][mark] += lt.forward_bytes
+
+
+def _merge(rows: list[tuple[str, int, tuple[float, dict[str, float]]]]) -> list[MemoryRow]:
+    """Rows with the same terms keep the largest constant."""
+    best: dict[tuple, tuple[str, float]] = {}
+    for phase, index, (const, terms) in rows:
+        key = tuple(sorted((k, v) for k, v in terms.items() if v))
+        name = f"{phase}{index}"
+        if key not in best or const > best[key][1]:
+            best[key] = (name, const)
+    return [MemoryRow(name=name, const=const, terms=key) for key, (name, const) in best.items()]
+
+
+# --------------------------------------------------------------------------
+# evaluation and simulation
+# --------------------------------------------------------------------------
+
+
+def decision_values(problem: PlanProblem, solution: PlanSolution, rep_of: dict[str, str] | None = None) -> dict[str, float]:
+    """Decision variable key -> 0/1 for ``solution`` (on the model's keys)."""
+    values: dict[str, float] = {}
+    for cand in problem.candidates:
+        choice = solution.choices.get(cand.name)
+        if choice is None:
+            continue
+        name = (rep_of or {}).get(cand.name, cand.name)
+        if choice.decision is Decision.KEEP:
+            values[f"keep:{name}"] = 1.0
+        elif choice.decision is Decision.RECOMPUTE:
+            values[f"rec:{name}"] = 1.0
+        elif choice.decision is Decision.COMPRESS:
+            values[f"comp:{name}:{choice.codec}"] = 1.0
+    return values
+
+
+def evaluate(model: MemoryModel, values: dict[str, float]) -> tuple[float, str]:
+    """The model's peak for fixed decisions (auxiliary variables at their
+    smallest feasible values) and the row where it lies."""
+    aux = [0.0] * len(model.aux)
+
+    def value(key: str) -> float:
+        if key.startswith("aux:"):
+            return aux[int(key[4:])]
+        return values.get(key, 0.0)
+
+    for i, bounds in enumerate(model.aux):
+        best = 0.0
+        for bound in bounds:
+            best = max(best, bound.const + sum(c * value(k) for k, c in bound.terms))
+        aux[i] = min(best, 1.0)
+    peak, where = 0.0, ""
+    for row in model.rows:
+        total = row.const + sum(c * value(k) for k, c in row.terms)
+        if total > peak:
+            peak, where = total, row.name
+    return peak, where
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimulatedPeak:
+    peak_bytes: int
+    forward_peak_bytes: int
+    backward_peak_bytes: int
+    saved_bytes: int
+    where: str
+    """"forward <position>" or "backward <position>"."""
+
+
+def simulate(problem: PlanProblem, solution: PlanSolution) -> SimulatedPeak:
+    """Activation bytes of the step under ``solution``, position by position,
+    with the extractor's semantics: each recomputation at its first need,
+    every value freed after its last need (see the module docstring)."""
+    layout = problem.layout
+    assert layout is not None
+    by_name = problem.by_name()
+    users = _users(problem)
+    decision = {c.name: solution.decision(c.name) for c in problem.candidates}
+    codec = {n: ch.codec for n, ch in solution.choices.items()}
+    first_need: dict[str, int] = {}
+    last_need: dict[str, int] = {}
+    for cand in reversed(problem.candidates):
+        lt = cand.lifetime
+        needs = list(lt.reads) if lt else []
+        for user in users.get(cand.name, ()):
+            if decision.get(user.name) is Decision.RECOMPUTE and user.name in first_need:
+                needs.append(first_need[user.name])
+                if user.lifetime is not None and user.lifetime.alias_of == cand.name:
+                    needs.append(last_need[user.name])  # a view keeps its base alive
+        if needs and decision[cand.name] is not Decision.NONE:
+            first_need[cand.name], last_need[cand.name] = min(needs), max(needs)
+    bw = [0] * layout.backward_positions
+    saved = 0
+    for cand in problem.candidates:
+        d, lt = decision[cand.name], cand.lifetime
+        if lt is None or d is Decision.NONE:
+            continue
+        if d is Decision.KEEP:
+            saved += cand.keep_bytes
+        if d is Decision.COMPRESS:
+            saved += next(o.nbytes for o in cand.compress if o.codec == codec[cand.name])
+        if cand.name not in first_need:
+            continue
+        lo, hi = first_need[cand.name], last_need[cand.name]
+        if d is Decision.KEEP:
+            _span_add(bw, 0, hi, cand.keep_bytes)
+        elif d is Decision.RECOMPUTE:
+            _span_add(bw, lo, hi, lt.backward_bytes)
+        else:
+            payload = next(o.nbytes for o in cand.compress if o.codec == codec[cand.name])
+            _span_add(bw, 0, lo, payload)
+            _span_add(bw, lo, hi, cand.keep_bytes)
+    fw = [float(x) for x in layout.forward_base] or [0.0] * layout.forward_positions
+    last = layout.forward_positions - 1
+    in_forward: dict[str, bool] = {}
+    for cand in reversed(problem.candidates):
+        lt = cand.lifetime
+        if lt is None or lt.produced < 0:
+            continue
+        d = decision[cand.name]
+        held = d in (Decision.KEEP, Decision.COMPRESS)
+        computed = lt.forward_always or held or any(in_forward.get(u.name) for u in users.get(cand.name, ()))
+        in_forward[cand.name] = computed
+        if not computed:
+            continue
+        temp_end = lt.forward_last_use if lt.forward_bytes else lt.produced - 1
+        if lt.forward_bytes:
+            temp_end = max([temp_end, *(p for name, p in lt.late_readers if in_forward.get(name))])
+        _span_add(fw, lt.produced, temp_end, lt.forward_bytes)
+        if d is Decision.KEEP:
+            _span_add(fw, temp_end + 1, last, cand.keep_bytes)
+        elif d is Decision.COMPRESS:
+            _span_add(fw, lt.produced, last, next(o.nbytes for o in cand.compress if o.codec == codec[cand.name]))
+    fw_peak = max(fw, default=0.0)
+    bw_peak = max(bw, default=0)
+    if fw_peak >= bw_peak:
+        where = f"forward {fw.index(fw_peak)}" if fw else "forward"
+    else:
+        where = f"backward {bw.index(bw_peak)}"
+    del by_name
+    return SimulatedPeak(
+        peak_bytes=int(max(fw_peak, bw_peak)),
+        forward_peak_bytes=int(fw_peak),
+        backward_peak_bytes=int(bw_peak),
+        saved_bytes=saved,
+        where=where,
+    )
+
+
+def _span_add(values: list, lo: int, hi: int, nbytes: float) -> None:
+    if nbytes:
+        for i in range(max(lo, 0), min(hi, len(values) - 1) + 1):
+            values[i] += nbytes

@@ -1,0 +1,141 @@
+"""The peak model on seeded random problems with exact answers: an upper
+bound on the simulated activation peak for every legal plan, tight for the
+plans the MILP picks, and the MILP's optimum under a peak budget equals
+brute force."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from adacc_compile.passes import peak_model
+from adacc_compile.passes.milp import SolverOptions, solve_milp
+from adacc_compile.passes.plan_problem import (
+    Candidate,
+    Choice,
+    CompressOption,
+    Decision,
+    Lifetime,
+    PlanProblem,
+    PlanSolution,
+    StepLayout,
+    added_seconds,
+    check_solution,
+)
+
+
+def random_problem(rng: random.Random, n: int, m: int, *, codecs: bool = True) -> PlanProblem:
+    """n candidates in topological order, m backward positions; a value the
+    forward outputs need makes its inputs needed too."""
+    inputs = [[j for j in range(i) if rng.random() < 0.3] for i in range(n)]
+    users = {i: [k for k in range(n) if i in inputs[k]] for i in range(n)}
+    always = [rng.random() < 0.6 for _ in range(n)]
+    for i in reversed(range(n)):
+        always[i] = always[i] or any(always[u] for u in users[i])
+    cands = []
+    for i in range(n):
+        reads = tuple(sorted(rng.sample(range(m), k=rng.choice([0, 0, 1, 1, 2, 3]))))
+        nbytes = rng.randint(10, 100)
+        fused = rng.random() < 0.3
+        lifetime = Lifetime(
+            produced=i, forward_last_use=max([i, *users[i]]), forward_always=always[i],
+            forward_bytes=0 if fused else nbytes, backward_bytes=0 if fused else nbytes, reads=reads,
+        )
+        compress = ()
+        if codecs and rng.random() < 0.3:
+            compress = (CompressOption(codec="c8", nbytes=nbytes // 3, seconds=rng.uniform(0.5, 3) * 1e-6,
+                                       feeds_recompute=rng.random() < 0.5),)
+        cands.append(Candidate(
+            name=f"v{i}", keep_bytes=nbytes, recompute_seconds=rng.uniform(0.1, 10) * 1e-6,
+            keep_seconds=rng.uniform(0.0, 0.5) * 1e-6, inputs=tuple(f"v{j}" for j in inputs[i]),
+            required=bool(reads), can_keep=rng.random() > 0.1, can_recompute=rng.random() > 0.15,
+            compress=compress, lifetime=lifetime,
+        ))
+    layout = StepLayout(
+        forward_positions=n, backward_positions=m, forward_base=tuple(rng.randint(0, 30) for _ in range(n)),
+        forward_layers=("",) * n, backward_layers=("",) * m,
+    )
+    problem = PlanProblem(candidates=tuple(cands), layout=layout)
+    return PlanProblem(candidates=problem.candidates, layout=layout, memory=peak_model.build_memory_model(problem))
+
+
+def legal_plans(problem: PlanProblem):
+    options = []
+    for c in problem.candidates:
+        own = [] if c.required else [Choice(decision=Decision.NONE)]
+        own += [Choice(decision=Decision.KEEP)] * c.can_keep + [Choice(decision=Decision.RECOMPUTE)] * c.can_recompute
+        own += [Choice(decision=Decision.COMPRESS, codec=o.codec) for o in c.compress]
+        options.append(own)
+    for combo in itertools.product(*options):
+        choices = {c.name: ch for c, ch in zip(problem.candidates, combo) if ch.decision is not Decision.NONE}
+        plan = PlanSolution(choices=choices, status="brute", solver="brute")
+        if not check_solution(problem, plan):
+            yield plan
+
+
+def modelled(problem: PlanProblem, plan: PlanSolution) -> float:
+    return peak_model.evaluate(problem.memory, peak_model.decision_values(problem, plan))[0]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_model_bounds_every_legal_plan_from_above(seed):
+    rng = random.Random(seed)
+    problem = random_problem(rng, rng.randint(3, 6), rng.randint(3, 8))
+    for plan in legal_plans(problem):
+        assert modelled(problem, plan) >= peak_model.simulate(problem, plan).peak_bytes - 1e-6
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_milp_optimum_under_a_peak_budget_equals_brute_force_and_is_tight(seed):
+    rng = random.Random(1000 + seed)
+    unconstrained = random_problem(rng, rng.randint(3, 6), rng.randint(3, 8))
+    plans = list(legal_plans(unconstrained))
+    peaks = sorted(modelled(unconstrained, p) for p in plans)
+    budget = int(peaks[len(peaks) // 3]) if peaks else 0
+    problem = PlanProblem(candidates=unconstrained.candidates, layout=unconstrained.layout,
+                          memory=unconstrained.memory, budget_bytes=budget)
+    feasible = [p for p in plans if modelled(problem, p) <= budget]
+    solution = solve_milp(problem, SolverOptions(mip_rel_gap=0.0))
+    if not feasible:
+        assert solution.status == "infeasible"
+        return
+    assert solution.status == "optimal"
+    assert check_solution(problem, solution) == []
+    best = min(added_seconds(problem, p) for p in feasible)
+    assert added_seconds(problem, solution) == pytest.approx(best, rel=1e-6, abs=1e-12)
+    peak = modelled(problem, solution)
+    simulated = peak_model.simulate(problem, solution).peak_bytes
+    assert simulated <= peak <= budget
+    assert peak <= 1.10 * simulated, (peak, simulated)
+
+
+def test_minimum_peak_mode_finds_the_smallest_modelled_peak():
+    rng = random.Random(7)
+    problem = random_problem(rng, 6, 6)
+    smallest = min(modelled(problem, p) for p in legal_plans(problem))
+    solution = solve_milp(problem, SolverOptions(mip_rel_gap=0.0), minimize="peak")
+    assert modelled(problem, solution) == pytest.approx(smallest)
+
+
+def test_segments_group_coarse_blocks_and_widen_beyond_the_limit():
+    layers = ("", "b.0", "b.0", "", "b.1", "b.1", "b.1", "")
+    seg = peak_model.segment_positions(layers, frozenset({"b.0"}))
+    assert seg.of == (0, 1, 1, 2, 3, 4, 5, 6) and seg.count == 7
+    wide = peak_model.segment_positions(("",) * 10, frozenset(), limit=4)
+    assert wide.count <= 4 and list(wide.of) == sorted(wide.of)
+
+
+def test_a_coarse_segment_still_bounds_the_simulation():
+    rng = random.Random(3)
+    base = random_problem(rng, 6, 8)
+    layout = StepLayout(
+        forward_positions=6, backward_positions=8, forward_base=base.layout.forward_base,
+        forward_layers=("", "b.0", "b.0", "b.0", "", ""), backward_layers=("", "", "b.0", "b.0", "b.0", "", "", ""),
+    )
+    coarse = PlanProblem(candidates=base.candidates, layout=layout)
+    model = peak_model.build_memory_model(coarse, coarse_blocks=frozenset({"b.0"}))
+    coarse = PlanProblem(candidates=base.candidates, layout=layout, memory=model)
+    for plan in legal_plans(coarse):
+        assert modelled(coarse, plan) >= peak_model.simulate(coarse, plan).peak_bytes - 1e-6
