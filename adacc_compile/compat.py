@@ -33,11 +33,15 @@ class JointGraphInfo:
     """Which joint-graph nodes belong to the forward and to the backward.
 
     ``forward_nodes`` includes the primal placeholders and every node that
-    does not depend on a tangent; ``backward_nodes`` the rest."""
+    does not depend on a tangent; ``backward_nodes`` the rest.
+    ``forward_needed`` are the forward nodes the forward outputs need; the
+    other forward nodes ("unclaimed" in PyTorch's partitioner) compute only
+    what the backward reads, and run in the forward only when saved."""
 
     forward_nodes: frozenset[fx.Node]
     backward_nodes: frozenset[fx.Node]
     static_lifetime_input_nodes: Any  # OrderedSet[fx.Node], passed back to torch
+    forward_needed: frozenset[fx.Node] = frozenset()
 
 
 def is_sym_node(node: fx.Node) -> bool:
@@ -100,7 +104,34 @@ def classify_joint_graph(
     forward = frozenset(
         n for n in joint_module.graph.nodes if n not in backward and n.op != "output"
     )
-    return JointGraphInfo(forward, backward, info.static_lifetime_input_nodes)
+    needed = frozenset(info.required_fw_nodes)
+    return JointGraphInfo(forward, backward, info.static_lifetime_input_nodes, needed)
+
+
+def default_saved_values(
+    joint_module: fx.GraphModule,
+    static_lifetime_input_indices: Sequence[int] | None,
+    num_fwd_outputs: int,
+) -> list[fx.Node]:
+    """The values PyTorch's default partitioner for Inductor (the min-cut
+    rematerialisation partitioner, at no memory budget) saves for this joint
+    graph: the anchor of adacc's ratio budgets. Only its choice is computed,
+    not its forward/backward split; the graph is not changed (the min cut
+    reads a ``dist_from_bw`` attribute it expects on every node)."""
+    info = _partitioners.classify_nodes(
+        joint_module, list(static_lifetime_input_indices or []), num_fwd_outputs
+    )
+    if not info.required_bw_nodes:
+        return []
+    for node in reversed(joint_module.graph.nodes):
+        if node.op == "output" or info.is_required_fw(node):
+            node.dist_from_bw = int(1e9)
+            if node.op != "output":
+                for user in node.users:
+                    node.dist_from_bw = min(node.dist_from_bw, user.dist_from_bw + 1)
+        else:
+            node.dist_from_bw = 0
+    return list(_partitioners.choose_saved_values_set(joint_module.graph, info, memory_budget=1.0))
 
 
 def forward_output_nodes(joint_module: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:

@@ -127,15 +127,19 @@ def annotate(
 
 
 def _propagate_view_storage(gm: fx.GraphModule) -> None:
-    """A saved view keeps its base's whole storage alive: charge that."""
+    """A saved view keeps its base's whole storage alive: charge that. The
+    outputs of a multi-output view op (``split``) are views of its input; a
+    ``getitem`` of an op that allocates several outputs owns its own."""
     for node in gm.graph.nodes:
         ann = node.meta[META_KEY]
         if node.op == "call_function" and is_view_op(node) and node.args:
             base = node.args[0]
-            if isinstance(base, fx.Node) and META_KEY in base.meta:
-                base_ann = base.meta[META_KEY]
-                if not isinstance(base.meta.get("val"), (tuple, list)):
-                    ann.storage_bytes = max(ann.storage_bytes, base_ann.storage_bytes)
+            if not isinstance(base, fx.Node) or META_KEY not in base.meta:
+                continue
+            if not isinstance(base.meta.get("val"), (tuple, list)):
+                ann.storage_bytes = max(ann.storage_bytes, base.meta[META_KEY].storage_bytes)
+            elif is_view_op(base) and base.args and isinstance(base.args[0], fx.Node) and META_KEY in base.args[0].meta:
+                ann.storage_bytes = max(ann.storage_bytes, base.args[0].meta[META_KEY].storage_bytes)
 
 
 def _flops(node: fx.Node) -> int:

@@ -26,11 +26,15 @@ from typing import Callable, Iterable
 import torch
 import torch.fx as fx
 
+from adacc_compile import compat
 from adacc_compile.compat import JointGraphInfo, is_sym_node, must_save
 
-from .annotate import annotation
+from .annotate import annotation, tensor_bytes
+from .device_profile import DeviceProfile
+from .fusion import Realization, keep_seconds, recompute_seconds
+from .lifetimes import candidate_lifetime, step_layout, step_orders
 from .mutation import stale_reading
-from .op_class import OpClass
+from .op_class import OpClass, is_view_op
 from .plan_problem import Candidate, CompressOption, PlanProblem
 
 _NEVER_RECOMPUTE = (OpClass.RANDOM, OpClass.DROPOUT, OpClass.COLLECTIVE)
@@ -51,38 +55,67 @@ def find_candidates(
     compress_options: CompressOptionsFn | None = None,
     *,
     allow_recompute: bool = True,
+    profile: DeviceProfile | None = None,
+    mode: Realization = Realization.EAGER,
+    num_fwd_outputs: int | None = None,
 ) -> CandidateSet:
     """Builds the plan problem (no budget yet) from an annotated joint graph.
 
-    With ``allow_recompute=False`` only free recomputations (views) remain
-    legal: the "compression alone" baseline."""
+    With ``allow_recompute=False`` only free recomputations (views, and
+    values only the backward reads, computed there instead) remain legal:
+    the "compression alone" baseline. With a ``profile``, costs follow
+    `fusion` (keeping costs its writes and reads, fused recomputation its
+    input reads) and every candidate gets its `Lifetime`, the problem its
+    `StepLayout` (for the peak model)."""
     forward = info.forward_nodes
-    required = _read_by_backward(gm, info)
-    needed = _upstream_forward_values(required, forward)
+    inputs_to_charge = _activation_inputs(gm, info)
+    required = _read_by_backward(gm, info, inputs_to_charge)
+    needed = _upstream_forward_values(required, forward, inputs_to_charge)
     order = [n for n in gm.graph.nodes if n in needed]
     stale = stale_reading([n for n in gm.graph.nodes if n in forward])
+    orders = step_orders(gm, info) if profile is not None else None
+    outputs = _forward_outputs(gm, num_fwd_outputs)
     candidates = []
     for node in order:
         ann = annotation(node)
         val = node.meta.get("val")
-        inputs = tuple(dict.fromkeys(a.name for a in node.all_input_nodes if a in needed))
+        placeholder = node.op == "placeholder"
+        forward_needed = node in info.forward_needed or placeholder
+        lifetime = None
+        keep_s, recompute_s = 0.0, ann.runtime_s
+        if orders is not None:
+            assert profile is not None
+            lifetime = candidate_lifetime(node, info, orders, mode, outputs)
+            if not placeholder:
+                keep_s = keep_seconds(node, realised_in_forward=lifetime.forward_bytes > 0, profile=profile, mode=mode)
+                recompute_s = recompute_seconds(
+                    node, forward_needed=forward_needed, realised_in_backward=lifetime.backward_bytes > 0,
+                    profile=profile, mode=mode,
+                )
+        free = is_view_op(node) or not forward_needed
         candidates.append(
             Candidate(
                 name=node.name,
-                keep_bytes=ann.storage_bytes,
-                recompute_seconds=ann.runtime_s,
-                inputs=inputs,
+                keep_bytes=ann.storage_bytes if not placeholder else tensor_bytes(val),
+                recompute_seconds=0.0 if free else recompute_s,
+                keep_seconds=keep_s,
+                inputs=tuple(dict.fromkeys(a.name for a in node.all_input_nodes if a in needed)),
                 required=node in required,
                 can_keep=isinstance(val, torch.Tensor) and not _view_of_keepable(node, needed),
-                can_recompute=_recomputable(node)
+                can_recompute=not placeholder
+                and _recomputable(node)
                 and node not in stale
-                and (allow_recompute or ann.runtime_s == 0.0),
-                compress=compress_options(node) if compress_options else (),
+                and (allow_recompute or free),
+                compress=compress_options(node) if compress_options and not placeholder else (),
                 block=ann.layer,
+                lifetime=lifetime,
             )
         )
+    layout = None
+    if orders is not None:
+        layout = step_layout(gm, info, orders, order, mode, outputs)
     return CandidateSet(
-        problem=PlanProblem(candidates=tuple(candidates)),
+        problem=PlanProblem(candidates=tuple(candidates), layout=layout),
         nodes={n.name: n for n in order},
     )
 
@@ -91,20 +124,46 @@ def _is_value(node: fx.Node) -> bool:
     return node.op == "call_function" and not is_sym_node(node)
 
 
-def _read_by_backward(gm: fx.GraphModule, info: JointGraphInfo) -> set[fx.Node]:
+def _activation_inputs(gm: fx.GraphModule, info: JointGraphInfo) -> set[fx.Node]:
+    """Graph inputs whose bytes a plan holds when it saves them: tensors that
+    are not parameters or buffers (those live anyway). An activation handed
+    over by an earlier graph (the logits a separate loss graph receives) is
+    one; saving it keeps it alive through the backward."""
+    static = set(info.static_lifetime_input_nodes or ())
+    return {
+        n for n in gm.graph.nodes
+        if compat.is_primal(n) and n not in static and isinstance(n.meta.get("val"), torch.Tensor)
+    }
+
+
+def _forward_outputs(gm: fx.GraphModule, num_fwd_outputs: int | None) -> set[fx.Node]:
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    flat = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    if num_fwd_outputs is not None:
+        flat = flat[:num_fwd_outputs]
+    return {n for n in flat if isinstance(n, fx.Node)}
+
+
+def _read_by_backward(gm: fx.GraphModule, info: JointGraphInfo, inputs: set[fx.Node]) -> set[fx.Node]:
+    """Forward values (and charged inputs) a backward node reads. The output
+    node is not a reader: returning a forward output saves nothing."""
     read = set()
     for node in gm.graph.nodes:
-        if node in info.backward_nodes:
-            read.update(a for a in node.all_input_nodes if a in info.forward_nodes and _is_value(a))
+        if node in info.backward_nodes and node.op != "output":
+            read.update(
+                a for a in node.all_input_nodes if a in info.forward_nodes and (_is_value(a) or a in inputs)
+            )
     return read
 
 
-def _upstream_forward_values(seeds: Iterable[fx.Node], forward: frozenset[fx.Node]) -> set[fx.Node]:
+def _upstream_forward_values(
+    seeds: Iterable[fx.Node], forward: frozenset[fx.Node], inputs: set[fx.Node]
+) -> set[fx.Node]:
     needed: set[fx.Node] = set()
     stack = list(seeds)
     while stack:
         node = stack.pop()
-        if node in needed or node not in forward or not _is_value(node):
+        if node in needed or node not in forward or not (_is_value(node) or node in inputs):
             continue
         needed.add(node)
         stack.extend(node.all_input_nodes)

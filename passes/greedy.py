@@ -2,10 +2,11 @@
 solution, and a baseline in benchmarks.
 
 Starts from the runtime-optimal plan (keep everything the backward reads)
-and, while the saved bytes exceed the budget, applies the single change with
-the most bytes freed per second added: recompute a kept value (making its
-inputs available, recursively, by recompute where legal, else by keeping
-them) or compress it with one of its codecs.
+and, while the plan is over the budget (its modelled activation peak, or
+its saved bytes for problems without a memory model), applies the single
+change with the most saved bytes freed per second added: recompute a kept
+value (making its inputs available, recursively, by recompute where legal,
+else by keeping them) or compress it with one of its codecs.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def solve_greedy(problem: PlanProblem) -> PlanSolution:
             choices={}, status="infeasible", solver="greedy", notes=(str(stuck),)
         )
     budget = problem.budget_bytes
-    while budget is not None and _bytes(problem, state) > budget:
+    while budget is not None and _over_budget(problem, state):
         best, best_score = None, 0.0
         current_bytes, current_time = _bytes(problem, state), _time(problem, state)
         for name, choice in list(state.items()):
@@ -52,7 +53,7 @@ def solve_greedy(problem: PlanProblem) -> PlanSolution:
         if best is None:
             break
         state = best
-    fits = budget is None or _bytes(problem, state) <= budget
+    fits = budget is None or not _over_budget(problem, state)
     return PlanSolution(
         choices=dict(state),
         status="greedy" if fits else "infeasible",
@@ -125,6 +126,23 @@ def _make_available(
     if not cand.can_keep:
         raise _Stuck(f"{name} can be neither kept nor recomputed from available values")
     state[name] = Choice(decision=Decision.KEEP)
+
+
+def _over_budget(problem: PlanProblem, state: dict[str, Choice]) -> bool:
+    """Above the budget: the modelled activation peak where the problem has a
+    memory model (the search itself frees saved bytes, the cheap proxy),
+    else the saved bytes."""
+    assert problem.budget_bytes is not None
+    solution = PlanSolution(choices=state, status="", solver="")
+    if problem.memory is not None:
+        from .peak_model import decision_values, evaluate
+
+        if evaluate(problem.memory, decision_values(problem, solution))[0] > problem.budget_bytes:
+            return True
+    total = saved_bytes(problem, solution)
+    if problem.boundary_budget_bytes is not None and total > problem.boundary_budget_bytes:
+        return True
+    return problem.memory is None and total > problem.budget_bytes
 
 
 def _bytes(problem: PlanProblem, state: dict[str, Choice]) -> int:

@@ -8,9 +8,17 @@ backward use; gradients stay alive to the end of the step. Views and
 ``getitem`` share their base's storage. Graph inputs (parameters, data,
 tangents) exist before the step and are not counted.
 
-Activation memory is what the forward made for the backward: the saved
-values, values recomputed inside the backward, and decompressed values
-(tagged `compress_rewrite.DECOMPRESSED`), each until its last use.
+Activation memory is what the forward allocates (its temporaries while
+they live, the values it saves until their last backward use) and what the
+backward makes from it: values recomputed inside the backward and
+decompressed values (tagged `compress_rewrite.DECOMPRESSED`), each until its
+last use. Graph inputs are not (parameters, data and tangents exist before
+the step), except those listed in ``charged_inputs``, activations an earlier
+graph handed over, which count from the boundary while the backward holds
+them; the forward's user outputs count until the boundary.
+
+With ``mode=Realization.INDUCTOR`` a pointwise value fused into all its
+consumers allocates nothing (`fusion`), as in Inductor's generated code.
 
 A multi-output node's storages are kept by output position, ``None``
 outputs included (``convolution_backward`` returns ``(None, grad_w,
@@ -41,6 +49,7 @@ from adacc_compile.compat import concrete_int
 from adacc_compile.kernels import Codec, available_codecs, get_codec
 
 from .compress_rewrite import DECOMPRESSED
+from .fusion import Realization, materialised
 from .op_class import is_view_op
 
 
@@ -113,6 +122,8 @@ def simulate_step(
     *,
     num_fwd_outputs: int,
     forward_names: Iterable[str] = (),
+    mode: Realization = Realization.EAGER,
+    charged_inputs: Iterable[str] = (),
 ) -> MemoryTimeline:
     """Simulates forward then backward; ``forward_names`` are the joint
     graph's forward node names (a backward node with such a name is a
@@ -120,18 +131,29 @@ def simulate_step(
     state = _State()
     workspaces = _codec_workspaces()
     forward_names = set(forward_names)
+    charged = set(charged_inputs)
     fw_outputs = _output_nodes(fw_module)
     saved_outputs = fw_outputs[num_fwd_outputs:]
     fw_storages = _run_graph(
-        fw_module, state, "forward", keep=set(fw_outputs), activation_names=set(), workspaces=workspaces
+        fw_module, state, "forward", keep=set(fw_outputs), is_activation=lambda node: True,
+        workspaces=workspaces, mode=mode,
     )
+    for out in fw_outputs[:num_fwd_outputs]:  # handed to the caller at the boundary
+        for storage in _real(fw_storages.get(out, ())) if out is not None else ():
+            if storage.activation:
+                storage.activation = False
+                state.activation -= storage.nbytes
     saved_storages: dict[int, _Storage] = {}
     for out in saved_outputs:
+        if out is not None and out.op == "placeholder" and out.name in charged:
+            fw_storages[out] = [_Storage(nbytes=_nbytes(out.meta.get("val")), activation=True)]
+            state.alloc(fw_storages[out][0])
         for storage in _real(fw_storages.get(out, ())):
-            storage.activation = True
+            if not storage.activation:  # also a user output: held for the backward now
+                storage.activation = True
+                state.activation += storage.nbytes
             saved_storages[id(storage)] = storage
-    # Storages that reach the boundary are now "activations"; the backward's
-    # placeholders take over their references.
+    # The backward's placeholders take over the saved storages' references.
     state.activation = sum(s.nbytes for s in saved_storages.values())
     saved_bytes = state.activation
     for storage in saved_storages.values():
@@ -152,9 +174,10 @@ def simulate_step(
         state,
         "backward",
         keep=set(_output_nodes(bw_module)),
-        activation_names=forward_names,
+        is_activation=lambda node: node.name in forward_names or DECOMPRESSED in node.meta,
         preset=preset,
         workspaces=workspaces,
+        mode=mode,
     )
     return MemoryTimeline(
         peak_bytes=state.peak,
@@ -213,9 +236,10 @@ def _run_graph(
     phase: str,
     *,
     keep: set[fx.Node],
-    activation_names: set[str],
+    is_activation: Callable[[fx.Node], bool],
     preset: dict[fx.Node, list[_Storage]] | None = None,
     workspaces: dict[Any, WorkspaceFn] | None = None,
+    mode: Realization = Realization.EAGER,
 ) -> dict[fx.Node, list[_Storage]]:
     """Allocates and frees storages in node order; returns node -> storages."""
     nodes = list(gm.graph.nodes)
@@ -231,8 +255,10 @@ def _run_graph(
             for storage in _real(storages[node]):
                 storage.refs += 1
         elif node.op == "call_function":
-            activation = node.name in activation_names or DECOMPRESSED in node.meta
-            storages[node] = _outputs_of(node, storages, activation)
+            if is_view_op(node) or materialised(node, node.users, mode):
+                storages[node] = _outputs_of(node, storages, is_activation(node))
+            else:
+                storages[node] = []  # fused into its consumers
             for storage in _real(storages[node]):
                 if storage.refs == 0:
                     state.alloc(storage)
@@ -270,6 +296,10 @@ def _workspace_of(node: fx.Node, workspaces: dict[Any, WorkspaceFn] | None) -> i
     return estimate(node) if estimate is not None else 0
 
 
+def _nbytes(val: Any) -> int:
+    return concrete_int(val.numel()) * val.element_size() if isinstance(val, torch.Tensor) else 0
+
+
 def _real(storages: Iterable[_Storage | None]) -> list[_Storage]:
     return [s for s in storages if s is not None]
 
@@ -284,7 +314,7 @@ def _outputs_of(
         base_storages = storages.get(base, []) if isinstance(base, fx.Node) else []
         if getattr(node.target, "__name__", "") == "getitem" and isinstance(base, fx.Node) and isinstance(
             base.meta.get("val"), (list, tuple)
-        ):
+        ) and not is_view_op(base):
             index = node.args[1]
             hit = base_storages[index] if isinstance(index, int) and index < len(base_storages) else None
             return [hit] if hit is not None else []

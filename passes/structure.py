@@ -24,6 +24,7 @@ representative's decision to its members.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -47,6 +48,11 @@ class BlockReduction:
     @property
     def used(self) -> bool:
         return bool(self.classes)
+
+    @property
+    def rep_of(self) -> dict[str, str]:
+        """Folded candidate -> the representative whose decision it shares."""
+        return {m: rep for rep, ms in self.members.items() for m in ms if m != rep}
 
     def expand(self, solution: PlanSolution) -> PlanSolution:
         if not self.used:
@@ -76,12 +82,22 @@ def no_reduction(problem: PlanProblem) -> BlockReduction:
     )
 
 
-def reduce_identical_blocks(problem: PlanProblem, nodes: dict[str, fx.Node]) -> BlockReduction:
-    """Groups identical blocks and builds the reduced problem."""
+def _blocks(problem: PlanProblem) -> dict[str, list[Candidate]]:
     blocks: dict[str, list[Candidate]] = defaultdict(list)
     for cand in problem.candidates:
         if cand.block:
             blocks[cand.block].append(cand)
+    return blocks
+
+
+def block_classes(problem: PlanProblem, nodes: dict[str, fx.Node]) -> tuple[tuple[str, ...], ...]:
+    """Classes (two or more) of identical blocks. Each class starts with the
+    block that comes last in the forward: the first the backward
+    differentiates, while every other block still holds its saved values,
+    so its positions are where the step's peak lies (`peak_model` models
+    them one by one and each other block as a whole)."""
+    blocks = _blocks(problem)
+    position = {c.name: i for i, c in enumerate(problem.candidates)}
     by_hash: dict[tuple[str, str], list[str]] = defaultdict(list)
     signatures = {}
     for block, cands in blocks.items():
@@ -96,7 +112,48 @@ def reduce_identical_blocks(problem: PlanProblem, nodes: dict[str, fx.Node]) -> 
             same = [first] + [b for b in rest if signatures[b] == signatures[first]]
             group = [b for b in rest if b not in same]
             if len(same) > 1:
+                same.sort(key=lambda b: -position[blocks[b][0].name])
                 classes.append(tuple(same))
+    return tuple(classes)
+
+
+def protect_block_boundaries(problem: PlanProblem, classes: tuple[tuple[str, ...], ...]) -> PlanProblem:
+    """Values that flow from one repeated block to another (the residual
+    stream, a block's input) or between a block and the rest of the graph
+    are kept or compressed, never recomputed (views aside, which are free).
+
+    This is where full activation checkpointing cuts too, and what keeps a
+    recomputation chain inside one block: the peak model then needs no
+    more than one block's positions to bound a block's working memory."""
+    region = {b: b for cls in classes for b in cls}
+    regions = {c.name: region.get(c.block, "") for c in problem.candidates}
+    crossing = set()
+    for cand in problem.candidates:
+        for inp in cand.inputs:
+            if inp in regions and regions[inp] != regions[cand.name]:
+                crossing.add(inp)
+    if not crossing:
+        return problem
+    return dataclasses.replace(problem, candidates=tuple(
+        dataclasses.replace(c, can_recompute=False) if c.name in crossing and not _free(c) else c
+        for c in problem.candidates
+    ))
+
+
+def _free(cand: Candidate) -> bool:
+    """Recomputing it costs neither time nor memory (a view)."""
+    no_bytes = cand.lifetime is None or cand.lifetime.backward_bytes == 0
+    return cand.recompute_seconds == 0 and no_bytes
+
+
+def reduce_identical_blocks(
+    problem: PlanProblem, nodes: dict[str, fx.Node], classes: tuple[tuple[str, ...], ...] | None = None
+) -> BlockReduction:
+    """Builds the reduced problem over ``classes`` (found if not given)."""
+    blocks = _blocks(problem)
+    if classes is None:
+        classes = block_classes(problem, nodes)
+    classes = list(classes)
     if not classes:
         return no_reduction(problem)
     rep_of: dict[str, str] = {}
@@ -144,6 +201,7 @@ def _remap(rep: Candidate, group: list[Candidate], rep_of: dict[str, str]) -> Ca
     return dataclasses.replace(
         rep,
         keep_bytes=sum(m.keep_bytes for m in group),
+        keep_seconds=sum(m.keep_seconds for m in group),
         recompute_seconds=sum(m.recompute_seconds for m in group),
         inputs=tuple(inputs),
         required=any(m.required for m in group),
@@ -189,4 +247,8 @@ def _wl_hash(signature: tuple) -> str:
     for i, label in enumerate(labels):
         graph.add_node(i, label=repr(label))
     graph.add_edges_from(edges)
-    return nx.weisfeiler_lehman_graph_hash(graph, node_attr="label", iterations=3)
+    with warnings.catch_warnings():
+        # networkx 3.5 changed its directed-graph hashes and warns on every
+        # call; adacc compares hashes within one process only.
+        warnings.filterwarnings("ignore", message="The hashes produced for directed graphs changed")
+        return nx.weisfeiler_lehman_graph_hash(graph, node_attr="label", iterations=3)
