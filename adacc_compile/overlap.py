@@ -46,7 +46,7 @@ from adacc_compile.plan_agreement import (
 )
 
 if TYPE_CHECKING:
-    from adacc_compile.pipeline import PartitionState
+    from adacc_compile.state import PartitionState
 
 _MAX_UNPLACE_ROUNDS = 8
 

@@ -19,7 +19,10 @@ import torch.fx as fx
 from adacc_compile import compat
 from adacc_compile.config import AdaccConfig
 from adacc_compile.passes.device_profile import profile_by_name
-from adacc_compile.pipeline import PartitionState, run_pipeline
+from adacc_compile.passes.fusion import Realization
+from adacc_compile.pipeline import run_pipeline
+from adacc_compile.step_ledger import LEDGER, Holding, tracked
+from adacc_compile.state import PartitionState
 
 _SOURCE_ROOTS = (pathlib.Path(__file__).parent,)
 
@@ -47,6 +50,10 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         the next graph partitioned, then dropped (they hold a batch)."""
         self.reports: list[dict[str, Any]] = []
         """One ``{"summary": ..., "plan": [...]}`` per partitioned graph."""
+        self.eager = False
+        """The split graphs run eagerly (``adacc_eager``): nothing fuses."""
+        self.graph_index = 0
+        """Process-wide index of the graph being compiled (`step_ledger`)."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> "AdaccPartitioner":
         # Inductor deep-copies its config patches; sharing the instance keeps
@@ -72,6 +79,11 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             num_fwd_outputs=int(num_fwd_outputs),
             static_lifetime_input_indices=list(kwargs.get("static_lifetime_input_indices") or []),
             real_inputs=self.real_inputs,
+            mode=Realization.EAGER if self.eager else Realization.INDUCTOR,
+            graph_index=self.graph_index,
+            held_by_earlier_graphs=LEDGER.held_bytes(),
+            held_default_by_earlier_graphs=LEDGER.held_default_bytes(),
+            earlier_graphs=tuple(h.graph for h in LEDGER.holding()),
         )
         self.real_inputs = None
         run_pipeline(state)
@@ -86,9 +98,17 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         (or, with ``eager=True``, the graphs run eagerly). Dynamo passes real
         example inputs; they are kept for codec calibration."""
         self.real_inputs = list(example_inputs)
+        self.eager = eager
+        self.graph_index = LEDGER.new_graph()
+        planned = len(self.reports)
         if eager:
-            return compat.eager_aot_compile(gm, example_inputs, self)
-        return compat.inductor_compile(gm, example_inputs, {"custom_partitioner_fn": self})
+            compiled = compat.eager_aot_compile(gm, example_inputs, self)
+        else:
+            compiled = compat.inductor_compile(gm, example_inputs, {"custom_partitioner_fn": self})
+        if len(self.reports) == planned:  # no backward: nothing held
+            return compiled
+        summary = self.reports[-1]["summary"]
+        return tracked(compiled, Holding(self.graph_index, summary["planned_saved_bytes"], summary["default_saved_bytes"]))
 
     def backend(self, *, eager: bool = False) -> Callable[..., Any]:
         """``torch.compile(model, backend=partitioner.backend())``: the same

@@ -33,7 +33,18 @@ import torch.fx as fx
 import dataclasses
 
 from adacc_compile import compat
-from adacc_compile.passes.plan_problem import Candidate, CommWindow, CompressOption, PlanProblem, PlanSolution
+from adacc_compile.passes.plan_problem import (
+    AuxBound,
+    Candidate,
+    CommWindow,
+    CompressOption,
+    Lifetime,
+    MemoryModel,
+    MemoryRow,
+    PlanProblem,
+    PlanSolution,
+    StepLayout,
+)
 from adacc_compile.passes.windows import issue_kind
 
 _PREFIX = "adacc"
@@ -100,19 +111,37 @@ def problem_from_json(data: dict[str, Any]) -> PlanProblem:
     """Inverse of `problem_to_json` (JSON lists back to tuples)."""
     candidates = []
     for raw in data["candidates"]:
-        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+        fields = {k: _tuples(v) for k, v in raw.items()}
         fields["compress"] = tuple(_thaw(CompressOption, o) for o in raw.get("compress", ()))
+        if raw.get("lifetime") is not None:
+            fields["lifetime"] = _thaw(Lifetime, raw["lifetime"])
         candidates.append(Candidate(**fields))
-    rest = {k: v for k, v in data.items() if k not in ("candidates", "windows")}
+    rest = {k: v for k, v in data.items() if k not in ("candidates", "windows", "layout", "memory")}
+    layout = _thaw(StepLayout, data["layout"]) if data.get("layout") is not None else None
+    memory = None
+    if data.get("memory") is not None:
+        memory = MemoryModel(
+            aux=tuple(tuple(_thaw(AuxBound, b) for b in bounds) for bounds in data["memory"]["aux"]),
+            rows=tuple(_thaw(MemoryRow, r) for r in data["memory"]["rows"]),
+        )
     return PlanProblem(
         candidates=tuple(candidates),
         windows=tuple(_thaw(CommWindow, w) for w in data.get("windows", ())),
+        layout=layout,
+        memory=memory,
         **rest,
     )
 
 
+def _tuples(value: Any) -> Any:
+    """JSON lists (nested) back to tuples."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
 def _thaw(cls: type, raw: dict[str, Any]) -> Any:
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+    return cls(**{k: _tuples(v) for k, v in raw.items()})
 
 
 def check_agreement(plan_hash: str, groups: Iterable[str], timeout_s: float) -> tuple[int, ...]:

@@ -34,7 +34,7 @@ from adacc_compile.passes.milp import write_lp
 from adacc_compile.passes.plan_problem import Decision, added_seconds, saved_bytes
 
 if TYPE_CHECKING:
-    from adacc_compile.pipeline import PartitionState
+    from adacc_compile.state import PartitionState
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ def plan_records(state: "PartitionState") -> list[dict[str, Any]]:
                 "codec_error_bound": _codec_bound(codec),
                 "calibration": measured.to_json() if measured is not None else None,
                 "cost_seconds": cost,
+                "options": (["keep"] if cand.can_keep else []) + (["recompute"] if cand.can_recompute else [])
+                + [f"compress:{o.codec}" for o in cand.compress],
                 "window": state.solution.windows.get(cand.name),
             }
         )
@@ -108,22 +110,36 @@ def summarize(state: "PartitionState") -> dict[str, Any]:
     step_seconds = sum(
         n.meta[META_KEY].runtime_s for n in state.joint.graph.nodes if META_KEY in n.meta
     )
-    added = added_seconds(problem, state.solution)
+    added = max(added_seconds(problem, state.solution) - state.budget.fastest_seconds, 0.0)
+    outcome = state.outcome
     return {
         "graph_index": state.graph_index,
         "planner": state.config.planner,
         "memory_budget": state.config.memory_budget.describe(),
+        "realization": state.mode.value,
         "budget_bytes": state.budget.budget_bytes,
+        "boundary_budget_bytes": state.budget.boundary_bytes,
         "requested_budget_bytes": state.budget.requested_bytes,
         "budget_clamped_to_minimum": state.budget.clamped,
+        "held_by_earlier_graphs": state.budget.held_by_earlier_graphs,
+        "earlier_graphs": list(state.earlier_graphs),
+        "default_saved_bytes": state.budget.default_saved_bytes,
+        "default_activation_peak_bytes": state.budget.default_peak_bytes,
         "baseline_saved_bytes": state.budget.baseline_saved_bytes,
         "minimum_saved_bytes": state.budget.minimum_bytes,
+        "minimum_activation_peak_bytes": state.budget.minimum_bytes,
         "planned_saved_bytes": saved_bytes(problem, state.solution),
         "simulated_saved_bytes": state.timeline.saved_bytes,
+        "modelled_activation_peak_bytes": _modelled_peak(state),
         "predicted_peak_bytes": state.timeline.peak_bytes,
         "predicted_activation_peak_bytes": state.timeline.activation_peak_bytes,
         "activation_peak_fits_budget": state.timeline.activation_peak_bytes <= state.budget.budget_bytes,
+        "plan_source": outcome.source if outcome else "planner",
         "estimated_added_seconds": added,
+        "default_added_seconds": (
+            max(added_seconds(problem, state.default_plan) - state.budget.fastest_seconds, 0.0)
+            if state.default_plan is not None else None
+        ),
         "estimated_step_seconds": step_seconds,
         "solve_seconds": state.solution.solve_seconds,
         "solver_status": state.solution.status,
@@ -140,6 +156,16 @@ def summarize(state: "PartitionState") -> dict[str, Any]:
         "notes": list(state.solution.notes),
         **overlap.summary(state),  # issue 5: windows, overlapped recompute, plan hash
     }
+
+
+def _modelled_peak(state: "PartitionState") -> int | None:
+    """The memory model's bound on this plan's activation peak."""
+    problem = state.candidates.problem if state.candidates else None
+    if problem is None or problem.memory is None or state.solution is None:
+        return None
+    from adacc_compile.passes.budget import modelled_peak
+
+    return modelled_peak(problem, state.solution)
 
 
 def _compressed_bytes_saved(state: "PartitionState") -> int:
@@ -221,7 +247,10 @@ def write_dumps(
                 writer = csv.DictWriter(f, fieldnames=list(row))
                 writer.writeheader()
             writer.writerow(row)
-    problem = dataclasses.replace(state.candidates.problem, budget_bytes=state.budget.budget_bytes)
+    solved = state.reduction.problem if state.reduction else state.candidates.problem
+    problem = dataclasses.replace(
+        solved, budget_bytes=state.budget.budget_bytes, boundary_budget_bytes=state.budget.boundary_bytes
+    )
     write_lp(problem, os.path.join(folder, "milp.lp"))
     _write(folder, "plan.json", json.dumps(records, indent=1))
     assert state.fw_module is not None and state.bw_module is not None

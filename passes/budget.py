@@ -1,69 +1,138 @@
 """Turning the user's budget into bytes, and knowing what is reachable.
 
-A ratio budget is relative to what the runtime-optimal plan saves, so that
-1.0 means "no memory pressure" on any model. Two auxiliary solves give the
-anchors: the smallest footprint among time-optimal plans (the baseline) and
-the smallest footprint of any legal plan (the reachable minimum). A budget
-below the minimum is an error or, by default, a warning and the
-minimum-memory plan: training still runs and the user is told the number.
+The budget bounds the step's activation peak (`peak_model`). A ratio is
+relative to what PyTorch's default partitioner does with the same graph:
+``r`` means at most ``r`` times the activation peak of the default's choice
+of saved values (simulated with adacc's model) and at most ``r`` times the
+bytes it saves at the forward/backward boundary. So ``memory_budget=1.0``
+never holds more than the default, and the default's own plan is one of
+the plans adacc may pick there (it does where nothing cheaper fits: see
+`plan_search`). A byte budget bounds the peak alone, minus what earlier
+graphs of the same step still hold (`held_by_earlier_graphs`, from
+`adacc_compile.step_ledger`); a ratio is then of the step's total so far:
+``r`` times (what the default's plans of the earlier graphs hold plus this
+graph's default peak), less what adacc's earlier graphs hold.
+
+The fastest plan (no budget) is solved here. Where the planner finds no
+plan within the budget, `clamp_to_minimum` solves for the reachable
+minimum (the lowest modelled peak of any legal plan): a budget below it is
+an error or, by default, a warning and the minimum-peak plan, so training
+still runs and the user is told the number.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from dataclasses import dataclass
 
 from adacc_compile.config import MemoryBudget
 
 from .milp import SolverOptions, solve_milp
-from .plan_problem import InfeasibleBudgetError, PlanProblem, added_seconds, saved_bytes
+from .peak_model import decision_values, evaluate, simulate
+from .plan_problem import InfeasibleBudgetError, PlanProblem, PlanSolution, added_seconds, saved_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BudgetResolution:
     budget_bytes: int
-    """The cap the planner uses."""
+    """The cap on the modelled activation peak the planner uses."""
+    boundary_bytes: int | None
+    """A cap on the bytes saved at the boundary (ratio budgets), or None."""
     requested_bytes: int
     """What the user's budget resolves to (may be below the minimum)."""
-    baseline_saved_bytes: int
-    """Saved bytes of the runtime-optimal plan (smallest such footprint)."""
-    minimum_bytes: int
-    """Smallest footprint any legal plan reaches."""
+    default_peak_bytes: int
+    """Activation peak of PyTorch's default partitioner's choice."""
+    default_saved_bytes: int
+    """Bytes the default partitioner saves."""
+    fastest_seconds: float
+    """Time (the plan objective) of the fastest legal plan."""
+    fastest_peak_bytes: int
+    minimum_bytes: int | None
+    """The lowest modelled activation peak any legal plan reaches (computed
+    only where the budget could not be met: it is the costliest solve)."""
+    held_by_earlier_graphs: int = 0
     clamped: bool = False
+
+    @property
+    def baseline_saved_bytes(self) -> int:
+        return self.default_saved_bytes
+
+
+def modelled_peak(problem: PlanProblem, solution: PlanSolution) -> int:
+    assert problem.memory is not None
+    return math.ceil(evaluate(problem.memory, decision_values(problem, solution))[0])
 
 
 def resolve_budget(
-    problem: PlanProblem, budget: MemoryBudget, options: SolverOptions, *, on_infeasible: str
+    problem: PlanProblem,
+    budget: MemoryBudget,
+    options: SolverOptions,
+    *,
+    full_problem: PlanProblem | None = None,
+    default_plan: PlanSolution | None = None,
+    held_by_earlier_graphs: int = 0,
+    held_default_by_earlier_graphs: int = 0,
 ) -> BudgetResolution:
-    unconstrained = dataclasses.replace(problem, budget_bytes=None)
+    """``problem`` is what the planner solves (reduced by block reuse);
+    ``full_problem`` and ``default_plan`` (PyTorch's choice as a legal plan
+    of it) give the anchors of a ratio budget. Whether the budget can be
+    met is found by the planner itself (`clamp_to_minimum` where not)."""
+    assert problem.memory is not None, "resolve_budget needs a problem with a memory model"
+    full_problem = full_problem or problem
+    # The fastest plan, without memory rows (nothing bounds it).
+    unconstrained = dataclasses.replace(problem, budget_bytes=None, boundary_budget_bytes=None, memory=None)
     fastest = solve_milp(unconstrained, options)
     if fastest.status == "infeasible":
         raise ValueError(f"adacc: no legal plan exists for this graph: {fastest.notes}")
-    best_time = added_seconds(problem, fastest)
-    lean_fastest = solve_milp(unconstrained, options, minimize="bytes", time_cap_s=best_time)
-    baseline = saved_bytes(problem, lean_fastest if lean_fastest.choices else fastest)
-    minimum = saved_bytes(problem, solve_milp(unconstrained, options, minimize="bytes"))
-    requested = budget.resolve(baseline)
-    if requested >= minimum:
-        return BudgetResolution(
-            budget_bytes=requested,
-            requested_bytes=requested,
-            baseline_saved_bytes=baseline,
-            minimum_bytes=minimum,
-        )
-    error = InfeasibleBudgetError(requested, minimum)
+    fastest_peak = modelled_peak(problem, fastest)
+    if default_plan is not None:
+        default_peak = simulate(full_problem, default_plan).peak_bytes
+        default_saved = saved_bytes(full_problem, default_plan)
+    else:
+        default_peak, default_saved = fastest_peak, saved_bytes(problem, fastest)
+    if budget.ratio is not None:
+        # Of the step so far: what the default's earlier graphs would hold
+        # plus this graph's default peak, less what adacc's earlier graphs hold.
+        requested = int(budget.ratio * (default_peak + held_default_by_earlier_graphs)) - held_by_earlier_graphs
+        boundary: int | None = int(budget.ratio * default_saved)
+    else:
+        requested = budget.resolve(0) - held_by_earlier_graphs
+        boundary = None
+    return BudgetResolution(
+        budget_bytes=requested,
+        boundary_bytes=boundary,
+        requested_bytes=requested,
+        default_peak_bytes=default_peak,
+        default_saved_bytes=default_saved,
+        fastest_seconds=added_seconds(problem, fastest),
+        fastest_peak_bytes=fastest_peak,
+        minimum_bytes=None,
+        held_by_earlier_graphs=held_by_earlier_graphs,
+    )
+
+
+def clamp_to_minimum(
+    resolution: BudgetResolution, problem: PlanProblem, options: SolverOptions, *, on_infeasible: str
+) -> tuple[BudgetResolution, PlanSolution]:
+    """The budget cannot be met: find the lowest modelled peak any legal plan
+    reaches, then raise (``on_infeasible="error"``) or warn and return that
+    budget with the plan that reaches it."""
+    unconstrained = dataclasses.replace(problem, budget_bytes=None, boundary_budget_bytes=None)
+    lowest = solve_milp(unconstrained, options, minimize="peak")
+    if lowest.status == "infeasible":
+        raise ValueError(f"adacc: no legal plan exists for this graph: {lowest.notes}")
+    minimum = modelled_peak(problem, lowest)
+    error = InfeasibleBudgetError(resolution.requested_bytes, minimum)
     if on_infeasible == "error":
         raise error
     warnings.warn(
-        f"adacc: {error.args[0].split(';')[0]}; using the minimum-memory plan "
+        f"adacc: {error.args[0].split(';')[0]}; using the plan with the lowest activation peak "
         f"({minimum} bytes) instead",
-        stacklevel=2,
+        stacklevel=3,
     )
-    return BudgetResolution(
-        budget_bytes=minimum,
-        requested_bytes=requested,
-        baseline_saved_bytes=baseline,
-        minimum_bytes=minimum,
-        clamped=True,
+    clamped = dataclasses.replace(
+        resolution, budget_bytes=minimum, boundary_bytes=None, minimum_bytes=minimum, clamped=True
     )
+    return clamped, lowest

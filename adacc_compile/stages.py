@@ -1,0 +1,150 @@
+"""The pipeline's stages: each ``stage(state) -> None`` reads and fills
+fields of `PartitionState`; the work is in `adacc_compile.passes`. The order
+and the runner are in `adacc_compile.pipeline`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from adacc_compile import compat
+from adacc_compile.passes.annotate import annotate
+from adacc_compile.passes.budget import resolve_budget
+from adacc_compile.passes.calibrate import calibrate_candidates, calibrated_candidates, not_calibrated
+from adacc_compile.passes.candidates import CandidateSet, find_candidates
+from adacc_compile.passes.codec_options import allowed_codecs, make_compress_options
+from adacc_compile.passes.default_plan import default_plan
+from adacc_compile.passes.device_profile import profile_by_name
+from adacc_compile.passes.peak_model import build_memory_model
+from adacc_compile.passes.plan_search import SplitContext, search_plan
+from adacc_compile.passes.structure import block_classes, no_reduction, protect_block_boundaries, reduce_identical_blocks
+from adacc_compile.passes.verify import verify_split
+from adacc_compile.state import PartitionState
+
+
+def prepare(state: PartitionState) -> None:
+    """PyTorch's own joint-graph clean-ups (dead code, must-save tags)."""
+    state.joint = compat.prepare_joint_graph(state.joint)
+
+
+def classify(state: PartitionState) -> None:
+    state.info = compat.classify_joint_graph(
+        state.joint, state.static_lifetime_input_indices, state.num_fwd_outputs
+    )
+
+
+def annotate_stage(state: PartitionState) -> None:
+    assert state.info is not None
+    state.profile = profile_by_name(state.config.device_profile)
+    annotate(state.joint, state.profile, state.info.backward_nodes)
+
+
+def candidates_stage(state: PartitionState) -> None:
+    assert state.info is not None and state.profile is not None
+    codecs = allowed_codecs(state.config.accuracy, state.config.codecs)
+    options = make_compress_options(codecs, state.profile, state.info.backward_nodes)
+    state.candidates = find_candidates(
+        state.joint, state.info, options, allow_recompute=state.config.allow_recompute,
+        profile=state.profile, mode=state.mode, num_fwd_outputs=state.num_fwd_outputs,
+    )
+
+
+def calibrate_stage(state: PartitionState) -> None:
+    assert state.candidates is not None and state.info is not None
+    if not state.config.calibrate_codecs:
+        state.calibration = not_calibrated("off (calibrate_codecs=False)")
+    else:
+        state.calibration = calibrate_candidates(
+            state.joint, state.info, state.candidates, state.real_inputs
+        )
+    state.real_inputs = None
+    state.candidates = calibrated_candidates(state.candidates, state.calibration)
+
+
+EXACT_MODEL_CANDIDATES = 1500
+"""Up to this many candidates the memory model takes every position of the
+step one by one; above it (deep models), values crossing between identical
+blocks are kept, and the blocks other than each class's representative are
+bounded as a whole (`peak_model`), which keeps planning fast at 32 layers."""
+
+
+def structure_stage(state: PartitionState) -> None:
+    """Identical blocks share one set of decisions with ``block_reuse``
+    (Lynx HEU; off where communication windows are in play, which are per
+    block). Then the memory model of the step, on the full problem."""
+    assert state.candidates is not None
+    nodes = state.candidates.nodes
+    full = state.candidates.problem
+    classes = block_classes(full, nodes)
+    coarse: frozenset[str] = frozenset()
+    if len(full.candidates) > EXACT_MODEL_CANDIDATES:
+        full = protect_block_boundaries(full, classes)
+        coarse = frozenset(b for cls in classes for b in cls[1:])
+    if state.config.block_reuse and not full.windows and classes:
+        reduction = reduce_identical_blocks(full, nodes, classes)
+    else:
+        reduction = no_reduction(full)
+    memory = build_memory_model(full, coarse_blocks=coarse, rep_of=reduction.rep_of)
+    state.candidates = CandidateSet(problem=dataclasses.replace(full, memory=memory), nodes=nodes)
+    state.reduction = dataclasses.replace(
+        reduction, problem=dataclasses.replace(reduction.problem, memory=memory, layout=full.layout)
+    )
+
+
+def budget_stage(state: PartitionState) -> None:
+    """The budget in bytes, anchored at PyTorch's default partitioner."""
+    assert state.reduction is not None and state.candidates is not None
+    saved = compat.default_saved_values(state.joint, state.static_lifetime_input_indices, state.num_fwd_outputs)
+    state.default_plan = default_plan(state.candidates.problem, (n.name for n in saved))
+    state.budget = resolve_budget(
+        state.reduction.problem,
+        state.config.memory_budget,
+        state.solver_options,
+        full_problem=state.candidates.problem,
+        default_plan=state.default_plan,
+        held_by_earlier_graphs=state.held_by_earlier_graphs,
+        held_default_by_earlier_graphs=state.held_default_by_earlier_graphs,
+    )
+
+
+def plan_stage(state: PartitionState) -> None:
+    """Decide under the budget, simulate, split once (`plan_search`)."""
+    assert state.candidates is not None and state.info is not None
+    assert state.reduction is not None and state.budget is not None
+    context = SplitContext(
+        joint=state.joint,
+        info=state.info,
+        num_fwd_outputs=state.num_fwd_outputs,
+        mode=state.mode,
+        charged_inputs=frozenset(
+            c.name for c in state.candidates.problem.candidates
+            if c.lifetime is not None and c.lifetime.produced < 0
+        ),
+    )
+    outcome = search_plan(
+        context, state.candidates, state.reduction, state.budget,
+        planner=state.config.planner, options=state.solver_options,
+        on_infeasible=state.config.on_infeasible, default=state.default_plan,
+    )
+    state.outcome, state.budget = outcome, outcome.budget
+    state.solution, state.saved_values = outcome.solution, outcome.saved
+    state.fw_module, state.bw_module, state.timeline = outcome.fw, outcome.bw, outcome.timeline
+    state.replans = outcome.resolves
+
+
+def verify_stage(state: PartitionState) -> None:
+    assert state.fw_module is not None and state.bw_module is not None
+    assert state.candidates is not None and state.solution is not None
+    verify_split(
+        state.fw_module,
+        state.bw_module,
+        candidates=state.candidates,
+        solution=state.solution,
+        forward_names=state.forward_names,
+        num_fwd_outputs=state.num_fwd_outputs,
+    )
+
+
+def report_stage(state: PartitionState) -> None:
+    from adacc_compile.report import publish
+
+    publish(state)

@@ -1,0 +1,78 @@
+"""`PartitionState`: everything the pipeline's stages produce for one joint
+graph. Its own module so that stages, reports and the overlap stages can
+use it without importing the pipeline (which imports them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.fx as fx
+
+from adacc_compile import compat
+from adacc_compile.config import AdaccConfig
+from adacc_compile.passes.budget import BudgetResolution
+from adacc_compile.passes.calibrate import Calibration
+from adacc_compile.passes.candidates import CandidateSet
+from adacc_compile.passes.device_profile import DeviceProfile
+from adacc_compile.passes.fusion import Realization
+from adacc_compile.passes.memory_sim import MemoryTimeline
+from adacc_compile.passes.milp import SolverOptions
+from adacc_compile.passes.plan_problem import PlanSolution
+from adacc_compile.passes.plan_search import PlanOutcome
+from adacc_compile.passes.structure import BlockReduction
+
+
+@dataclass(slots=True, kw_only=True)
+class PartitionState:
+    """What the stages read and write (each stage's docstring says which)."""
+
+    joint: fx.GraphModule
+    config: AdaccConfig
+    num_fwd_outputs: int
+    static_lifetime_input_indices: list[int] = field(default_factory=list)
+    graph_index: int = 0
+    mode: Realization = Realization.INDUCTOR
+    """How the split graphs will run: Inductor fuses, adacc_eager does not."""
+    held_by_earlier_graphs: int = 0
+    """Bytes earlier graphs of the same step hold through this graph's
+    forward and backward (`step_ledger`): charged against the budget."""
+    held_default_by_earlier_graphs: int = 0
+    """What PyTorch's default plans of those graphs would hold (a ratio
+    budget is of the step's default total)."""
+    earlier_graphs: tuple[int, ...] = ()
+    real_inputs: list[Any] | None = None
+    """Real values of the graph's primal inputs, when the backend has them
+    (calibration); dropped once calibrated."""
+    calibration: Calibration | None = None
+    info: compat.JointGraphInfo | None = None
+    profile: DeviceProfile | None = None
+    candidates: CandidateSet | None = None
+    reduction: BlockReduction | None = None
+    default_plan: PlanSolution | None = None
+    """PyTorch's default partitioner's choice as a plan of the full problem."""
+    budget: BudgetResolution | None = None
+    outcome: PlanOutcome | None = None
+    solution: PlanSolution | None = None
+    saved_values: list[fx.Node] = field(default_factory=list)
+    fw_module: fx.GraphModule | None = None
+    bw_module: fx.GraphModule | None = None
+    timeline: MemoryTimeline | None = None
+    replans: int = 0
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    report: dict[str, Any] = field(default_factory=dict)
+    overlap: Any = None
+    """`overlap.OverlapState`: communication windows, placement, plan hash."""
+
+    @property
+    def solver_options(self) -> SolverOptions:
+        return SolverOptions(
+            time_limit_s=self.config.solver_time_limit_s,
+            mip_rel_gap=self.config.mip_rel_gap,
+            threads=self.config.solver_threads,
+        )
+
+    @property
+    def forward_names(self) -> set[str]:
+        assert self.info is not None
+        return {n.name for n in self.info.forward_nodes}
