@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any, Callable
 
 import torch
@@ -152,3 +153,74 @@ def record_compress_inputs(monkeypatch) -> list[tuple[str, torch.Tensor]]:
 
     monkeypatch.setattr(fx.Interpreter, "run_node", run_node)
     return seen
+
+
+def conv_bn_net(dropout: float = 0.0, blocks: int = 2) -> torch.nn.Module:
+    """Conv-BN-ReLU blocks (Dropout after the first when ``dropout``), then a
+    linear head; input (4, 3, 8, 8)."""
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    channels = 3
+    for i in range(blocks):
+        layers += [torch.nn.Conv2d(channels, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()]
+        if dropout and i == 0:
+            layers.append(torch.nn.Dropout(dropout))
+        channels = 8
+    return torch.nn.Sequential(*layers, torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10))
+
+
+WIDTH = 16
+
+BLOCKS = (
+    "linear", "tanh", "gelu", "buffer_add", "buffer_update", "batch_norm", "chunk", "var_mean",
+    "inplace", "dropout", "counter",
+)
+
+
+class RandomNet(torch.nn.Module):
+    """A seeded random sequence of `BLOCKS` on a (batch, WIDTH) input: buffers
+    updated in place, multi-output ops, in-place ops on intermediates,
+    BatchNorm, dropout."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        rng = random.Random(seed)
+        torch.manual_seed(seed)
+        self.blocks = ["linear"] + rng.choices(BLOCKS, k=rng.randint(5, 9)) + ["buffer_update"]
+        self.linears = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for b in self.blocks if b == "linear")
+        self.norms = torch.nn.ModuleList(torch.nn.BatchNorm1d(WIDTH) for b in self.blocks if b == "batch_norm")
+        self.register_buffer("shift", torch.randn(WIDTH) * 0.1)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self.head = torch.nn.Linear(WIDTH, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        linears, norms = iter(self.linears), iter(self.norms)
+        h = x
+        for block in self.blocks:
+            if block == "linear":
+                h = next(linears)(h)
+            elif block == "tanh":
+                h = torch.tanh(h)
+            elif block == "gelu":
+                h = torch.nn.functional.gelu(h)
+            elif block == "buffer_add":
+                h = h + self.shift
+            elif block == "buffer_update":  # after reads of `shift` above
+                with torch.no_grad():
+                    self.shift.mul_(0.9).add_(0.1 * h.mean(0))
+            elif block == "batch_norm":
+                h = next(norms)(h)
+            elif block == "chunk":
+                a, b = h.chunk(2, dim=-1)
+                h = torch.cat([a * torch.sigmoid(b), a + b], dim=-1)
+            elif block == "var_mean":
+                var, mean = torch.var_mean(h, dim=-1, keepdim=True)
+                h = (h - mean) * torch.rsqrt(var + 1e-5)
+            elif block == "inplace":
+                h = h * 1.5
+                h.add_(0.25)
+            elif block == "dropout":
+                h = torch.nn.functional.dropout(h, 0.2, self.training)
+            elif block == "counter":
+                self.steps.add_(1)
+        return (self.head(h).squeeze(-1) - x.sum(-1)).pow(2).mean() + h.square().mean()

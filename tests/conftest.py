@@ -14,8 +14,11 @@ def _fresh_compile_state():
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
+    from adacc_compile.step_ledger import LEDGER
+
     saved_dump = os.environ.pop("ADACC_DUMP_DIR", None)
     torch._dynamo.reset()
+    LEDGER.clear()
     with inductor_config.patch(fx_graph_cache=False, fallback_random=True), functorch_config.patch(
         enable_autograd_cache=False
     ):

@@ -26,6 +26,7 @@ from adacc_test_utils import (
     assert_same_buffers,
     compile_capturing,
     compile_with_reports,
+    conv_bn_net,
     loss_and_grads,
     record_compress_inputs,
     worst_relative_error,
@@ -45,18 +46,6 @@ class BufferMutator(nn.Module):
         with torch.no_grad():
             self.buf.mul_(1.5)
         return (self.l2(h) * h).pow(2).mean()
-
-
-def conv_bn_net(dropout: float = 0.0, blocks: int = 2) -> nn.Module:
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    channels = 3
-    for i in range(blocks):
-        layers += [nn.Conv2d(channels, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()]
-        if dropout and i == 0:
-            layers.append(nn.Dropout(dropout))
-        channels = 8
-    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
 
 
 def _conv_loss(model: nn.Module):

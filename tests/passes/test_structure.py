@@ -53,18 +53,20 @@ def chain_problem(n_blocks: int, budget_ratio: float) -> tuple[PlanProblem, dict
 def test_reduction_folds_identical_blocks_and_expands_back():
     problem, nodes = chain_problem(4, 0.5)
     reduction = reduce_identical_blocks(problem, nodes)
-    assert reduction.used and reduction.classes == (("blocks.0", "blocks.1", "blocks.2", "blocks.3"),)
+    # The representative is the block the backward differentiates first: the last.
+    assert reduction.used and reduction.classes == (("blocks.3", "blocks.2", "blocks.1", "blocks.0"),)
     assert len(reduction.problem.candidates) == 1 + 3
-    a_rep = next(c for c in reduction.problem.candidates if c.name == "a0")
+    a_rep = next(c for c in reduction.problem.candidates if c.name == "a3")
     assert a_rep.keep_bytes == 4 * 64 and a_rep.recompute_seconds == 4e-6
-    assert set(a_rep.inputs) == {"emb", "c0"}
-    c_rep = next(c for c in reduction.problem.candidates if c.name == "c0")
-    assert c_rep.inputs == ("b0",)
+    assert set(a_rep.inputs) == {"emb", "c3"}
+    c_rep = next(c for c in reduction.problem.candidates if c.name == "c3")
+    assert c_rep.inputs == ("b3",)
+    assert reduction.rep_of == {f"{s}{i}": f"{s}3" for s in "abc" for i in range(3)}
     solution = reduction.expand(solve_milp(reduction.problem))
     assert check_solution(problem, solution) == []
-    for i in range(1, 4):
+    for i in range(3):
         for short in "abc":
-            assert solution.decision(f"{short}{i}") is solution.decision(f"{short}0")
+            assert solution.decision(f"{short}{i}") is solution.decision(f"{short}3")
 
 
 def test_reduced_plan_is_legal_and_bounded_by_the_full_optimum():
@@ -92,5 +94,5 @@ def test_different_blocks_are_not_folded():
     ]
     problem = dataclasses.replace(problem, candidates=tuple(changed))
     reduction = reduce_identical_blocks(problem, nodes)
-    assert reduction.classes == (("blocks.0", "blocks.1"),)
+    assert reduction.classes == (("blocks.1", "blocks.0"),)
     assert {"b2", "a2", "c2"} <= {c.name for c in reduction.problem.candidates}
