@@ -42,6 +42,9 @@ class JointGraphInfo:
     backward_nodes: frozenset[fx.Node]
     static_lifetime_input_nodes: Any  # OrderedSet[fx.Node], passed back to torch
     forward_needed: frozenset[fx.Node] = frozenset()
+    node_info: Any = None
+    """PyTorch's own classification (``partitioners.NodeInfo``), reused by
+    `default_saved_values`."""
 
 
 def is_sym_node(node: fx.Node) -> bool:
@@ -105,22 +108,16 @@ def classify_joint_graph(
         n for n in joint_module.graph.nodes if n not in backward and n.op != "output"
     )
     needed = frozenset(info.required_fw_nodes)
-    return JointGraphInfo(forward, backward, info.static_lifetime_input_nodes, needed)
+    return JointGraphInfo(forward, backward, info.static_lifetime_input_nodes, needed, info)
 
 
-def default_saved_values(
-    joint_module: fx.GraphModule,
-    static_lifetime_input_indices: Sequence[int] | None,
-    num_fwd_outputs: int,
-) -> list[fx.Node]:
+def default_saved_values(joint_module: fx.GraphModule, graph_info: JointGraphInfo) -> list[fx.Node]:
     """The values PyTorch's default partitioner for Inductor (the min-cut
     rematerialisation partitioner, at no memory budget) saves for this joint
     graph: the anchor of adacc's ratio budgets. Only its choice is computed,
     not its forward/backward split; the graph is not changed (the min cut
     reads a ``dist_from_bw`` attribute it expects on every node)."""
-    info = _partitioners.classify_nodes(
-        joint_module, list(static_lifetime_input_indices or []), num_fwd_outputs
-    )
+    info = graph_info.node_info
     if not info.required_bw_nodes:
         return []
     for node in reversed(joint_module.graph.nodes):

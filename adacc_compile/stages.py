@@ -93,7 +93,8 @@ def structure_stage(state: PartitionState) -> None:
 def budget_stage(state: PartitionState) -> None:
     """The budget in bytes, anchored at PyTorch's default partitioner."""
     assert state.reduction is not None and state.candidates is not None
-    saved = compat.default_saved_values(state.joint, state.static_lifetime_input_indices, state.num_fwd_outputs)
+    assert state.info is not None
+    saved = compat.default_saved_values(state.joint, state.info)
     state.default_plan = default_plan(state.candidates.problem, (n.name for n in saved))
     state.budget = resolve_budget(
         state.reduction.problem,

@@ -148,6 +148,33 @@ def _until_first_read(need: frozenset[int], user: Candidate, bw: Segments, of: s
 # --------------------------------------------------------------------------
 
 
+class _Ranges:
+    """Linear terms added over ranges of segments, summed per key with
+    difference arrays (a kept value is held from the boundary to its first
+    need: adding it segment by segment costs values x segments)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.diff: dict[str, list[float]] = {}
+
+    def add(self, key: str, lo: int, hi: int, coef: float) -> None:
+        if hi < lo or not coef:
+            return
+        diff = self.diff.get(key)
+        if diff is None:
+            diff = self.diff[key] = [0.0] * (self.count + 1)
+        diff[lo] += coef
+        diff[hi + 1] -= coef
+
+    def flush(self, rows: list[dict[str, float]]) -> None:
+        for key, diff in self.diff.items():
+            running = 0.0
+            for s in range(self.count):
+                running += diff[s]
+                if abs(running) > 1e-9:
+                    rows[s][key] += running
+
+
 class _Builder:
     def __init__(self) -> None:
         self.aux: list[tuple[AuxBound, ...]] = []
@@ -194,6 +221,7 @@ def build_memory_model(
     b = _Builder()
     need_var: dict[tuple[str, int], str | float] = {}
     rows_bw: list[dict[str, float]] = [defaultdict(float) for _ in range(bw.count)]
+    ranges = _Ranges(bw.count)
     for cand in reversed(problem.candidates):
         lt = cand.lifetime
         if lt is None:
@@ -218,7 +246,8 @@ def build_memory_model(
                 elif un:
                     bounds.append(AuxBound(const=-1.0, terms=((str(un), 1.0), (rec, 1.0))))
             need_var[(cand.name, s)] = b.new(bounds) if bounds else 0.0
-        _add_backward_terms(b, cand, span, direct, need_var, rows_bw, rep_of, bw.count)
+        _add_backward_terms(b, cand, span, direct, need_var, rows_bw, ranges, rep_of)
+    ranges.flush(rows_bw)
     rows_fw = _forward_rows(b, problem, fw, users, rep_of)
     rows = _merge(
         [("fw", i, r) for i, r in enumerate(rows_fw)] + [("bw", i, (0.0, r)) for i, r in enumerate(rows_bw)]
@@ -233,8 +262,8 @@ def _add_backward_terms(
     direct: list[int],
     need_var: dict[tuple[str, int], str | float],
     rows: list[dict[str, float]],
+    ranges: _Ranges,
     rep_of: dict[str, str],
-    count: int,
 ) -> None:
     lt = cand.lifetime
     assert lt is not None
@@ -267,19 +296,28 @@ def _add_backward_terms(
         g[s] = running
     keep = _key("keep", cand.name, rep_of) if cand.can_keep else None
     rec = _key("rec", cand.name, rep_of) if cand.can_recompute else None
-    for s in range(0, hi + 1):
-        gs = g[s] if s >= lo else g[lo]
-        fs = f[s] if s >= lo else 0.0
+    comps = [(_key("comp", cand.name, rep_of, o.codec), o.nbytes) for o in cand.compress]
+    # Before the first possible need a kept value, or a compressed value's
+    # payload, is held from the boundary: linear (a value kept but never
+    # needed would not be saved; counting it only costs the MILP memory).
+    if keep is not None:
+        ranges.add(keep, 0, lo - 1, cand.keep_bytes)
+    for comp, nbytes in comps:
+        ranges.add(comp, 0, lo - 1, nbytes)
+    for s in range(lo, hi + 1):
+        gs, fs = g[s], f[s]
         f_before = f[s - 1] if s - 1 >= lo else 0.0
         if keep is not None and cand.keep_bytes:
-            _add_product(b, rows[s], cand.keep_bytes, [keep], [gs])
-        if rec is not None and lt.backward_bytes and s >= lo:
+            if gs == 1.0:
+                ranges.add(keep, s, s, cand.keep_bytes)
+            else:
+                _add_product(b, rows[s], cand.keep_bytes, [keep], [gs])
+        if rec is not None and lt.backward_bytes:
             _add_product(b, rows[s], lt.backward_bytes, [rec], [fs, gs])
-        for option in cand.compress:
-            comp = _key("comp", cand.name, rep_of, option.codec)
-            if option.nbytes:
-                _add_payload(b, rows[s], option.nbytes, comp, f_before)
-            if s >= lo and cand.keep_bytes:
+        for comp, nbytes in comps:
+            if nbytes:
+                _add_payload(b, rows[s], nbytes, comp, f_before)
+            if cand.keep_bytes:
                 _add_product(b, rows[s], cand.keep_bytes, [comp], [fs, gs])
 
 
@@ -328,8 +366,9 @@ def _forward_rows(
         consts[s] = max(consts[s], float(nbytes))
     # Plan-independent forward temporaries of candidates, per position, then
     # the segment maximum (a segment's const is its peak position's bytes).
-    extra = [0.0] * len(layout.forward_base)
+    extra = [0.0] * (len(layout.forward_base) + 1)
     rows: list[dict[str, float]] = [defaultdict(float) for _ in range(fw.count)]
+    ranges = _Ranges(fw.count)
     computed: dict[str, str | float] = {}
     last_segment = fw.count - 1
     for cand in reversed(problem.candidates):
@@ -340,8 +379,8 @@ def _forward_rows(
         keep = _key("keep", cand.name, rep_of) if cand.can_keep else None
         comps = [(_key("comp", cand.name, rep_of, o.codec), o.nbytes) for o in cand.compress]
         if lt.forward_always:
-            for t in range(lt.produced, lt.forward_last_use + 1):
-                extra[t] += lt.forward_bytes
+            extra[lt.produced] += lt.forward_bytes  # a difference array, summed below
+            extra[lt.forward_last_use + 1] -= lt.forward_bytes
             held_from = end + 1 if lt.forward_bytes else p
             if lt.forward_bytes:
                 _late_reader_terms(rows, lt, fw, computed, keep)
@@ -357,16 +396,16 @@ def _forward_rows(
                 for s in range(p, end + 1):
                     rows[s][computed[cand.name]] += lt.forward_bytes
             held_from = end + 1 if lt.forward_bytes else p
-        for s in range(held_from, last_segment + 1):
-            if keep and cand.keep_bytes:
-                rows[s][keep] += cand.keep_bytes
-        for s in range(p, last_segment + 1):
-            for comp, nbytes in comps:
-                if nbytes:
-                    rows[s][comp] += nbytes
-    for position, nbytes in enumerate(extra):
+        if keep and cand.keep_bytes:
+            ranges.add(keep, held_from, last_segment, cand.keep_bytes)
+        for comp, nbytes in comps:
+            ranges.add(comp, p, last_segment, nbytes)
+    ranges.flush(rows)
+    running = 0.0
+    for position in range(len(layout.forward_base)):
+        running += extra[position]
         s = fw.of[position]
-        consts[s] = max(consts[s], float(layout.forward_base[position] if layout.forward_base else 0) + nbytes)
+        consts[s] = max(consts[s], float(layout.forward_base[position]) + running)
     return [(consts[s], rows[s]) for s in range(fw.count)]
 
 
