@@ -48,6 +48,7 @@ from .oplib import (
     check_shape,
     float32_result_scratch,
     float32_scratch,
+    known_true,
     launch,
     numel_of,
     register_dispatched_ops,
@@ -146,17 +147,25 @@ def torch_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
         return [torch.empty(x.shape, dtype=torch.uint8, device=x.device),
                 torch.ones(rows, dtype=torch.float32, device=x.device)]
     x2 = x.reshape(rows, cols)
-    # One owned float32 copy, zeroed where x is not finite and scaled in
-    # place; the codes of non-finite values are then filled in from x.
-    v = x2.to(torch.float32, copy=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-    low, high = torch.aminmax(v, dim=1)
-    amax = torch.maximum(high, low.neg_()).abs_()  # max |v|; abs() turns -0.0 into 0.0
+    # The row maxima of x itself first: where they are finite, so is every
+    # value (the usual case), and the NaN/Inf passes are skipped. Otherwise
+    # one owned float32 copy is zeroed where x is not finite and scaled in
+    # place, and the codes of non-finite values are filled in from x.
+    low, high = torch.aminmax(x2, dim=1)
+    amax = torch.maximum(high, low.neg_()).abs_().float()  # max |x|; abs() turns -0.0 into 0.0
+    finite = known_true(torch.isfinite(amax).all(), x)
+    v = x2.to(torch.float32, copy=True)
+    if not finite:
+        v.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        low, high = torch.aminmax(v, dim=1)
+        amax = torch.maximum(high, low.neg_()).abs_()
     s = _scale_exponent(amax, fmt)
     codes = v.mul_(_pow2(-s)[:, None]).to(fmt.torch_dtype).view(torch.uint8)
     del v
-    codes.masked_fill_(torch.isnan(x2), fmt.nan_code)
-    codes.masked_fill_(torch.isposinf(x2), fmt.pos_inf_code)
-    codes.masked_fill_(torch.isneginf(x2), fmt.neg_inf_code)
+    if not finite:
+        codes.masked_fill_(torch.isnan(x2), fmt.nan_code)
+        codes.masked_fill_(torch.isposinf(x2), fmt.pos_inf_code)
+        codes.masked_fill_(torch.isneginf(x2), fmt.neg_inf_code)
     return [codes.reshape(x.shape), _pow2(s)]
 
 
@@ -173,17 +182,20 @@ def torch_fp8_decompress(
         return torch.empty(shape, dtype=dtype, device=codes.device)
     c2 = codes.reshape(rows, cols)
     vals = c2.view(fmt.torch_dtype).float().mul_(scales[:, None])
-    vals.masked_fill_(c2 == fmt.pos_inf_code, float("inf"))
-    vals.masked_fill_(c2 == fmt.neg_inf_code, float("-inf"))
+    # The reserved Inf codes and the NaN codes are the largest magnitudes:
+    # below them (the usual case), nothing needs patching.
+    if not known_true((c2 & 0x7F).max() < fmt.pos_inf_code & 0x7F, codes):
+        vals.masked_fill_(c2 == fmt.pos_inf_code, float("inf"))
+        vals.masked_fill_(c2 == fmt.neg_inf_code, float("-inf"))
     return vals.to(dtype).reshape(shape)
 
 
 # --------------------------------------------------------------------------
 # Aten form (what compiled graphs run; see aten_graphs.py): the rounding of
-# the Triton kernels below, in float arithmetic. Inductor's CPU code runs
-# torch's fp8 cast element by element (4.6x a float32 copy, measured) and
-# integer -> one-byte casts slowly; exponent bits, then floats, then one
-# cast to uint8 stay vectorised.
+# the Triton kernels below. Inductor's CPU code runs torch's fp8 casts
+# element by element (compress: 4.6x a float32 copy, measured) and integer
+# -> one-byte casts slowly; exponent bits, then floats, then one cast to
+# uint8 stay vectorised. Decompress builds float32 bits from the code.
 # --------------------------------------------------------------------------
 
 
@@ -199,16 +211,16 @@ def _aten_encode(v: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
 
 
 def _aten_decode(code: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
-    """Float32 value of fp8 codes given as floats in 0..255 (NaN codes and
-    the reserved ±Inf codes are patched by the caller)."""
-    negative = code >= 128.0
-    low = torch.where(negative, code - 128.0, code)
-    step = float(1 << fmt.mantissa_bits)
-    field = torch.floor(low / step)
-    mantissa = low - field * step
-    k = torch.where(field == 0, mantissa, mantissa + step)
-    value = k * torch.exp2(torch.clamp_min(field, 1.0) + float(fmt.min_exponent - 1 - fmt.mantissa_bits))
-    return torch.where(negative, -value, value)
+    """Float32 value of fp8 codes (int32, 0..255); the NaN codes and the
+    reserved ±Inf codes are patched by the caller. Normal codes become the
+    float32 bits of their value (exact); subnormal ones (exponent field 0)
+    are mantissa * 2**(EMIN - M)."""
+    m_bits = fmt.mantissa_bits
+    field = (code >> m_bits) & ((1 << (7 - m_bits)) - 1)
+    mantissa = code & ((1 << m_bits) - 1)
+    normal = (((field + (127 + fmt.min_exponent - 1)) << 23) | (mantissa << (23 - m_bits))).view(torch.float32)
+    value = torch.where(field == 0, mantissa.float() * 2.0 ** (fmt.min_exponent - m_bits), normal)
+    return torch.where(code >= 128, -value, value)
 
 
 def aten_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
@@ -240,16 +252,16 @@ def aten_fp8_decompress(
         return torch_fp8_decompress(payload, shape, dtype, fmt)
     codes, scales = payload
     rows, cols = rows_cols(shape)
-    code = codes.float().reshape(rows, cols)
+    code = codes.reshape(rows, cols).to(torch.int32)
     value = _aten_decode(code, fmt) * scales[:, None]
-    low = torch.where(code >= 128.0, code - 128.0, code)
+    low = code & 0x7F
     if fmt.mantissa_bits == 3:
-        nan = low == 127.0
+        nan = low == 0x7F
     else:
-        nan = (low >= 124.0) & (low != 124.0)  # exponent field all ones, mantissa not 0
+        nan = low > 0x7C  # exponent field all ones, mantissa not 0
     value = torch.where(nan, float("nan"), value)
-    value = torch.where(code == float(fmt.pos_inf_code), float("inf"), value)
-    value = torch.where(code == float(fmt.neg_inf_code), float("-inf"), value)
+    value = torch.where(code == fmt.pos_inf_code, float("inf"), value)
+    value = torch.where(code == fmt.neg_inf_code, float("-inf"), value)
     return value.to(dtype).reshape(shape)
 
 

@@ -85,6 +85,7 @@ from .oplib import (
     check_output_dtype,
     check_payload,
     check_shape,
+    known_true,
     launch,
     numel_of,
     register_dispatched_ops,
@@ -218,6 +219,15 @@ def _absmax(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.maximum(high, low.neg_()).abs_()
 
 
+def _raw_channel_absmax(x2d: torch.Tensor) -> torch.Tensor:
+    """Largest |x| per channel (float32 [C]) of any [R, C] tensor, NaN where
+    the channel holds a NaN: one pass, no temporary of the input's size."""
+    if x2d.shape[0] == 0:
+        return torch.zeros(x2d.shape[1], dtype=torch.float32, device=x2d.device)
+    low, high = torch.aminmax(x2d, dim=0)
+    return torch.maximum(high, low.neg_()).abs_().float()
+
+
 def _finite_channel_absmax(x2d: torch.Tensor) -> torch.Tensor:
     """`torch_channel_absmax` of a float32 [R, C] view whose non-finite values are 0."""
     if x2d.shape[0] == 0:
@@ -232,26 +242,37 @@ def _torch_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     owned float32 copy of ``x`` padded to whole groups is scaled, clamped and
     rounded in place; codes are int8 from the start (every code fits), and
     the codes of non-finite values are filled in afterwards from ``x`` itself.
+    The channel maxima are taken from ``x`` first: where they are all
+    finite, so is ``x``, and the passes that mask and patch NaN/Inf are
+    skipped (the usual case; half of the passes).
     """
     check_input(x, codec=fmt.name, dtypes=_DTYPES)
     x2d = _view2d(x)
     rows, channels = x2d.shape
     groups = (channels + fmt.group - 1) // fmt.group
     padded = groups * fmt.group
+    score = _raw_channel_absmax(x2d)  # NaN / Inf where a channel holds one
+    finite = known_true(torch.isfinite(score).all(), x)
     # Everything per element happens on the padded [R, groups, G] layout (see
     # the module docstring for the Inductor bug this avoids).
     xf = torch.empty(rows, padded, dtype=torch.float32, device=x.device)
     xf[:, channels:].zero_()
     xf[:, :channels].copy_(x2d)
-    # isfinite / isinf would allocate |x| in float32; these three do not.
-    nonfinite = torch.isnan(xf).logical_or_(torch.isposinf(xf)).logical_or_(torch.isneginf(xf))
-    xf.masked_fill_(nonfinite, 0.0)
-    index = select_outlier_channels(_finite_channel_absmax(xf[:, :channels]), outlier_slots(channels))
+    nonfinite = None
+    if not finite:
+        # isfinite / isinf would allocate |x| in float32; these three do not.
+        nonfinite = torch.isnan(xf).logical_or_(torch.isposinf(xf)).logical_or_(torch.isneginf(xf))
+        xf.masked_fill_(nonfinite, 0.0)
+        score = _finite_channel_absmax(xf[:, :channels])
+    index = select_outlier_channels(score, outlier_slots(channels))
     xf = xf.view(rows, groups, fmt.group)
     regular = F.pad(slot_map(index, channels) < 0, (0, padded - channels), value=True)
     regular = regular.view(groups, fmt.group)
-    nonfinite = nonfinite.view(rows, groups, fmt.group).logical_and_(regular)
-    special = nonfinite.any(dim=-1)
+    if nonfinite is None:
+        special = torch.zeros(rows, groups, dtype=torch.bool, device=x.device)
+    else:
+        nonfinite = nonfinite.view(rows, groups, fmt.group).logical_and_(regular)
+        special = nonfinite.any(dim=-1)
     # Kept values: regular and finite (non-finite ones are 0 already).
     xf.masked_fill_(regular.logical_not(), 0.0)
     absmax = _absmax(xf, dim=-1)
@@ -262,12 +283,13 @@ def _torch_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     xf.clamp_(-bound, bound).round_()
     codes = xf.view(rows, padded).to(torch.int8)  # |code| <= QMAX: exact
     del xf
-    # Reserved codes of non-finite values, read from x (same positions).
-    code_view, flagged = codes[:, :channels], nonfinite.view(rows, padded)[:, :channels]
-    code_view.masked_fill_(flagged, -fmt.qmax)
-    code_view.masked_fill_((x2d > 0).logical_and_(flagged), fmt.qmax)
-    code_view.masked_fill_(torch.isnan(x2d).logical_and_(flagged), -fmt.qmax - 1)
-    del nonfinite, code_view, flagged
+    if nonfinite is not None:
+        # Reserved codes of non-finite values, read from x (same positions).
+        code_view, flagged = codes[:, :channels], nonfinite.view(rows, padded)[:, :channels]
+        code_view.masked_fill_(flagged, -fmt.qmax)
+        code_view.masked_fill_((x2d > 0).logical_and_(flagged), fmt.qmax)
+        code_view.masked_fill_(torch.isnan(x2d).logical_and_(flagged), -fmt.qmax - 1)
+        del nonfinite, code_view, flagged
     if fmt.pack4:
         # uint8 shifts keep the low four bits of each two's-complement code.
         pairs = codes.view(torch.uint8).view(rows, padded // 2, 2)
@@ -296,9 +318,10 @@ def _torch_decompress(
     s = scale.float().unsqueeze(-1)
     special = torch.signbit(s)
     v = codes.float().mul_(s.abs())
-    v.masked_fill_((codes == -fmt.qmax - 1).logical_and_(special), torch.nan)
-    v.masked_fill_((codes == -fmt.qmax).logical_and_(special), -torch.inf)
-    v.masked_fill_((codes == fmt.qmax).logical_and_(special), torch.inf)
+    if not known_true(~special.any(), scale):  # only groups holding NaN/Inf reserve codes
+        v.masked_fill_((codes == -fmt.qmax - 1).logical_and_(special), torch.nan)
+        v.masked_fill_((codes == -fmt.qmax).logical_and_(special), -torch.inf)
+        v.masked_fill_((codes == fmt.qmax).logical_and_(special), torch.inf)
     del codes
     # Outliers are written into the padded buffer, which is then cut to C.
     out = v.to(dtype).view(rows, groups * fmt.group)  # owned: v itself or a new tensor

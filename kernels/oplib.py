@@ -65,6 +65,7 @@ __all__ = [
     "float32_result_scratch",
     "float32_scratch",
     "is_interpreted",
+    "known_true",
     "launch",
     "numel_of",
     "register_codec_ops",
@@ -193,6 +194,14 @@ def runs_triton(device_type: str, choice: KernelChoice | None = None) -> bool:
     if choice is KernelChoice.AUTO:
         return device_type == "cuda" and triton_available()
     return choice is KernelChoice.TRITON
+
+
+def known_true(flag: torch.Tensor, x: torch.Tensor) -> bool:
+    """``bool(flag)`` for a reference's shortcut (e.g. "every value is
+    finite: skip the NaN/Inf passes"); False while ``x`` is being traced,
+    where the data is unknown and the general path must be taken (a custom
+    op's body is traced when torch.compile decomposes it)."""
+    return not _is_traced(x) and bool(flag)
 
 
 def require_triton(x: torch.Tensor, *kernels: object) -> None:

@@ -48,6 +48,7 @@ from .oplib import (
     check_shape,
     float32_result_scratch,
     float32_scratch,
+    known_true,
     launch,
     numel_of,
     register_dispatched_ops,
@@ -82,15 +83,20 @@ def softmax_u8_payload_spec(shape: Sequence[Any], dtype: torch.dtype) -> Payload
 def torch_softmax_u8_compress(x: torch.Tensor) -> list[torch.Tensor]:
     """Reference compress (see module docstring for the grid and codes)."""
     check_input(x, codec=NAME, dtypes=_DTYPES)
-    # One owned float32 copy worked in place. (trunc(w) + 1) >> 1 is done in
-    # float32, exact for these small integers, so no int32 copy is needed.
-    w = x.to(torch.float32, copy=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-    w.clamp_(0.0, 1.0).mul_(2 * LEVELS).trunc_().add_(1.0).div_(2.0).floor_()
+    # A finite sum means finite values (the usual case): the NaN/Inf passes
+    # are then skipped. One owned float32 copy worked in place; (trunc(w) +
+    # 1) >> 1 is a floor division in float32, exact for these small integers.
+    finite = x.numel() == 0 or known_true(torch.isfinite(x.sum(dtype=torch.float32)), x)
+    w = x.to(torch.float32, copy=True)
+    if not finite:
+        w.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+    w.clamp_(0.0, 1.0).mul_(2 * LEVELS).trunc_().add_(1.0).div_(2.0, rounding_mode="floor")
     q = w.to(torch.uint8)  # 0..252
     del w
-    q.masked_fill_(torch.isnan(x), NAN_CODE)
-    q.masked_fill_(torch.isposinf(x), POS_INF_CODE)
-    q.masked_fill_(torch.isneginf(x), NEG_INF_CODE)
+    if not finite:
+        q.masked_fill_(torch.isnan(x), NAN_CODE)
+        q.masked_fill_(torch.isposinf(x), POS_INF_CODE)
+        q.masked_fill_(torch.isneginf(x), NEG_INF_CODE)
     return [q.reshape(x.shape)]
 
 
@@ -103,9 +109,10 @@ def torch_softmax_u8_decompress(
     check_payload(payload, softmax_u8_payload_spec(shape, dtype), codec=NAME)
     q = payload[0]
     p = q.float().mul_(1.0 / LEVELS)
-    p.masked_fill_(q == NAN_CODE, float("nan"))
-    p.masked_fill_(q == POS_INF_CODE, float("inf"))
-    p.masked_fill_(q == NEG_INF_CODE, float("-inf"))
+    if q.numel() and not known_true(q.max() <= LEVELS, q):  # reserved codes present
+        p.masked_fill_(q == NAN_CODE, float("nan"))
+        p.masked_fill_(q == POS_INF_CODE, float("inf"))
+        p.masked_fill_(q == NEG_INF_CODE, float("-inf"))
     return p.to(dtype).reshape(shape)
 
 

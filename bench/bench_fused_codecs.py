@@ -1,0 +1,279 @@
+"""What a codec adds to a compiled graph, as a multiple of copying the value.
+
+    python bench/bench_fused_codecs.py [--rows 4096] [--cols 1024] [--dtype float32]
+        [--repeats 15] [--threads 1] [--codecs ...] [--json out.json]
+
+Why inside a graph: a compiled plan never runs a codec on its own. Compress
+is spliced in right after the value's producer and decompress right before
+its reader (`adacc_compile.passes.compress_rewrite`), and Inductor fuses
+them with those kernels. So for each codec this builds the producer and
+reader the codec is offered for, and compiles four graphs with Inductor:
+
+    forward, value kept        producer -> (forward output, value)
+    forward, value compressed  producer -> (forward output, payload)
+    backward, value kept       (value, grad) -> reader
+    backward, value restored   (payload, grad) -> reader(decompress(payload))
+
+The codec's cost is (compressed - kept) forward + (restored - kept)
+backward: what the plan's step pays for compressing instead of keeping.
+The yardstick is ``value.clone()`` (a memcpy: one read and one write of
+the value at the machine's copy bandwidth), timed in the same rounds. The
+standalone column times the codec's two compiled graphs alone, on their
+own inputs (an upper bound: nothing to fuse with).
+
+Producers and readers, per the codecs' ``applies`` checks:
+
+    bitmask        dropout mask (rand > p); reader grad * mask
+    int8/int4, fp8 LayerNorm output; reader the weight-gradient matmul
+    softmax_u8     softmax probabilities; reader the softmax backward
+    fewbit_*       matmul output feeding GELU/SiLU; reader grad * f'(h)
+
+Timing: warm-up, then ``--repeats`` rounds; each round times every graph of
+every codec and the copies once, interleaved; medians over rounds. One
+thread by default: on this shared 2-core machine a second OpenMP thread
+waits for its descheduled partner (50 ms instead of 0.6 ms, measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from adacc_compile import compat
+from adacc_compile.kernels import Codec, DecompressKind, available_codecs, get_codec
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """Producer and reader of one kind of saved value."""
+
+    label: str
+    produce: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    """(*inputs) -> (forward output, value)."""
+    read: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """(value, grad) -> what the backward computes from it."""
+
+
+def _dropout(x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    mask = r > 0.1
+    return x * mask * (1 / 0.9), mask
+
+
+def _layer_norm(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    y = F.layer_norm(x, x.shape[-1:], weight)
+    return y @ weight.new_ones(x.shape[-1], 64), y
+
+
+def _weight_grad(value: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    return value.t() @ grad[:, :64].to(value.dtype)
+
+
+def _softmax(s: torch.Tensor, _unused: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    p = torch.softmax(s, dim=-1)
+    return p.sum(-1), p
+
+
+def _softmax_backward(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    g = grad.to(p.dtype)
+    return p * (g - (g * p).sum(-1, keepdim=True))
+
+
+def _matmul_act(x: torch.Tensor, w: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]):
+    h = x @ w
+    return act(h), h
+
+
+SCENARIOS = {
+    "bitmask": Scenario("dropout mask", _dropout, lambda mask, g: g * mask),
+    "layer_norm": Scenario("LayerNorm -> matmul", _layer_norm, _weight_grad),
+    "softmax_u8": Scenario("softmax probabilities", _softmax, _softmax_backward),
+    "fewbit_gelu": Scenario(
+        "matmul -> GELU", lambda x, w: _matmul_act(x, w, F.gelu),
+        lambda h, g: torch.ops.aten.gelu_backward(g.to(h.dtype), h),
+    ),
+    "fewbit_silu": Scenario(
+        "matmul -> SiLU", lambda x, w: _matmul_act(x, w, F.silu),
+        lambda h, g: torch.ops.aten.silu_backward(g.to(h.dtype), h),
+    ),
+}
+
+
+def scenario_of(name: str) -> Scenario:
+    return SCENARIOS.get(name, SCENARIOS["layer_norm"])
+
+
+def inputs_of(name: str, rows: int, cols: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, cols, generator=gen).to(dtype)
+    if name == "bitmask":
+        return x, torch.rand(rows, cols, generator=gen)
+    if name.startswith("fewbit"):
+        return x, (torch.randn(cols, cols, generator=gen) / cols**0.5).to(dtype)
+    if name == "softmax_u8":
+        return 3 * x, x
+    x[:, 3] *= 20  # an outlier channel
+    return x, torch.rand(cols, generator=gen).to(dtype) + 0.5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Graphs:
+    """The compiled graphs of one codec's measurement and their inputs."""
+
+    keep_forward: Callable[[], object]
+    compress_forward: Callable[[], object]
+    keep_backward: Callable[[], object]
+    restore_backward: Callable[[], object]
+    standalone_compress: Callable[[], object]
+    standalone_decompress: Callable[[], object]
+    copy: Callable[[], object]
+
+
+def build_graphs(codec: Codec, rows: int, cols: int, dtype: torch.dtype) -> Graphs:
+    scenario = scenario_of(codec.name)
+    inputs = inputs_of(codec.name, rows, cols, dtype)
+    out, value = scenario.produce(*inputs)
+    shape, vdtype = list(value.shape), value.dtype
+    grad = torch.randn(value.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    payload = tuple(codec.aten_compress(value))
+
+    def restore(g, *parts):
+        restored = codec.aten_decompress(list(parts), shape, vdtype)
+        if codec.decompress_kind is DecompressKind.DERIVATIVE:
+            return g * restored  # what the rewrite puts in place of gelu/silu_backward
+        return scenario.read(restored, g)
+
+    def compiled(fn: Callable[..., object], *args: torch.Tensor) -> Callable[[], object]:
+        # Traced to aten ops and compiled as the partitioner's graphs are
+        # (no Dynamo: one code object compiled for eight codecs would run
+        # into Dynamo's recompile limit and fall back to eager).
+        graph = compat.trace_aten(lambda *a: tuple(_flat(fn(*a))), list(args))
+        run = compat.inductor_compile_inference(graph, list(args))
+        return lambda: run(*args)
+
+    def compress_forward(*a):
+        out, v = scenario.produce(*a)
+        return (out, *codec.aten_compress(v))
+
+    return Graphs(
+        keep_forward=compiled(scenario.produce, *inputs),
+        compress_forward=compiled(compress_forward, *inputs),
+        keep_backward=compiled(scenario.read, value, grad),
+        restore_backward=compiled(restore, grad, *payload),
+        standalone_compress=compiled(lambda v: codec.aten_compress(v), value),
+        standalone_decompress=compiled(lambda *p: codec.aten_decompress(list(p), shape, vdtype), *payload),
+        copy=lambda: value.clone(),
+    )
+
+
+def _flat(out: object) -> list[torch.Tensor]:
+    return list(out) if isinstance(out, (list, tuple)) else [out]  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Result:
+    codec: str
+    value: str
+    dtype: str
+    shape: tuple[int, ...]
+    copy_ms: float
+    compress_added_ms: float
+    decompress_added_ms: float
+    in_graph_vs_copy: float
+    standalone_vs_copy: float
+
+
+def _timed(fn: Callable[[], object], inner: int) -> float:
+    start = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - start) / inner
+
+
+def run(names: list[str], rows: int, cols: int, dtype: torch.dtype, repeats: int, min_time: float) -> list[Result]:
+    cases = {}
+    for name in names:
+        codec = get_codec(name)
+        case_dtype = dtype
+        cases[name] = build_graphs(codec, rows, cols, case_dtype)
+        print(f"compiled {name}", file=sys.stderr, flush=True)
+    fields = ("keep_forward", "compress_forward", "keep_backward", "restore_backward",
+              "standalone_compress", "standalone_decompress", "copy")
+    fns = {name: {f: getattr(g, f) for f in fields} for name, g in cases.items()}
+    for per_codec in fns.values():  # warm-up (and first-call compilation)
+        for fn in per_codec.values():
+            fn()
+    inner = {name: {f: max(1, int(min_time / max(_timed(fn, 1), 1e-7))) for f, fn in per_codec.items()}
+             for name, per_codec in fns.items()}
+    times = {name: {f: [] for f in fields} for name in fns}
+    for _ in range(repeats):
+        for name, per_codec in fns.items():
+            for f, fn in per_codec.items():
+                times[name][f].append(_timed(fn, inner[name][f]))
+    results = []
+    for name in names:
+        med = {f: statistics.median(v) for f, v in times[name].items()}
+        compress = med["compress_forward"] - med["keep_forward"]
+        decompress = med["restore_backward"] - med["keep_backward"]
+        value = scenario_of(name).produce(*inputs_of(name, rows, cols, dtype))[1]
+        results.append(Result(
+            codec=name, value=scenario_of(name).label, dtype=str(value.dtype).removeprefix("torch."),
+            shape=tuple(value.shape), copy_ms=1e3 * med["copy"],
+            compress_added_ms=1e3 * compress, decompress_added_ms=1e3 * decompress,
+            in_graph_vs_copy=(compress + decompress) / med["copy"],
+            standalone_vs_copy=(med["standalone_compress"] + med["standalone_decompress"]) / med["copy"],
+        ))
+    return results
+
+
+def markdown(results: list[Result]) -> str:
+    rows = [
+        "| codec | value | dtype | copy ms | compress adds ms | decompress adds ms | in graph / copy | standalone / copy |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        rows.append(
+            f"| {r.codec} | {r.value} | {r.dtype} | {r.copy_ms:.3f} | {r.compress_added_ms:.3f} "
+            f"| {r.decompress_added_ms:.3f} | {r.in_graph_vs_copy:.2f} | {r.standalone_vs_copy:.2f} |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=4096)
+    parser.add_argument("--cols", type=int, default=1024)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--min-time", type=float, default=0.02, help="seconds per measurement (repeats calls)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--codecs", nargs="*", default=None)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = False
+    names = args.codecs or available_codecs()
+    results = run(names, args.rows, args.cols, getattr(torch, args.dtype), args.repeats, args.min_time)
+    command = "python bench/bench_fused_codecs.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(f"# codecs inside compiled graphs, {datetime.date.today()}, {platform.machine()} CPU, "
+          f"torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats}\n\n`{command}`\n")
+    print(markdown(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": command, "threads": args.threads, "results": [asdict(r) for r in results]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
