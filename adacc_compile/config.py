@@ -52,16 +52,17 @@ def parse_bytes(text: str) -> int:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryBudget:
-    """Either an absolute byte count or a ratio of the runtime-optimal saving."""
+    """Either an absolute byte count or a ratio of what PyTorch's default
+    partitioner holds (`passes.budget` resolves it)."""
 
     bytes: int | None = None
-    """Activation bytes that may be held for the backward pass."""
+    """Bytes the step's activation peak may reach."""
     ratio: float | None = None
-    """Fraction of the bytes the runtime-optimal plan saves (1.0 = no pressure)."""
+    """Fraction of the default partitioner's activation peak (1.0 = never
+    more than the default)."""
 
     def resolve(self, baseline_saved_bytes: int) -> int:
-        """The budget in bytes for a graph whose runtime-optimal plan saves
-        ``baseline_saved_bytes``."""
+        """The budget in bytes against an anchor of ``baseline_saved_bytes``."""
         if self.bytes is not None:
             return self.bytes
         assert self.ratio is not None
@@ -106,8 +107,9 @@ class AdaccConfig:
     """Options of the adacc backend (``torch.compile(options=...)`` keys)."""
 
     memory_budget: MemoryBudget = field(default_factory=lambda: MemoryBudget(ratio=1.0))
-    """Activation memory the plan may hold: bytes (int), a size string such as
-    "12GiB", or a ratio in (0, 1] of what the runtime-optimal plan saves."""
+    """The activation peak of the training step: bytes (int), a size string
+    such as "12GiB", or a ratio in (0, 1] of what PyTorch's default
+    partitioner holds (its activation peak, and its saved bytes)."""
 
     planner: str = "milp"
     """Decision policy: "milp" (HiGHS), "greedy", "recompute_all", "keep_all"."""
@@ -117,9 +119,6 @@ class AdaccConfig:
 
     mip_rel_gap: float = 1e-4
     """Relative optimality gap at which HiGHS stops."""
-
-    max_replans: int = 8
-    """How often the simulate-and-tighten loop may re-solve."""
 
     on_infeasible: str = "warn"
     """Budget below the reachable minimum: "warn" (use the minimum-memory plan
@@ -205,7 +204,7 @@ class AdaccConfig:
         for name in ("solver_time_limit_s", "mip_rel_gap", "plan_check_timeout_s"):
             if name in options:
                 kwargs[name] = _positive_float(name, options[name])
-        for name in ("max_replans", "solver_threads"):
+        for name in ("solver_threads",):
             if name in options:
                 kwargs[name] = _positive_int(name, options[name])
         if "codecs" in options:

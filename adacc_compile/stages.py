@@ -62,9 +62,16 @@ def calibrate_stage(state: PartitionState) -> None:
 
 EXACT_MODEL_CANDIDATES = 1500
 """Up to this many candidates the memory model takes every position of the
-step one by one; above it (deep models), values crossing between identical
-blocks are kept, and the blocks other than each class's representative are
-bounded as a whole (`peak_model`), which keeps planning fast at 32 layers."""
+step one by one; above it (deep models), the blocks other than each class's
+representative are bounded as a whole (`peak_model`), which keeps planning
+fast at 32 layers."""
+
+BLOCK_BOUNDARY_CANDIDATES = 8
+"""Identical blocks with at least this many candidates each (transformer
+blocks, not single layers of a plain MLP) keep the values flowing between
+them (`structure.protect_block_boundaries`): recomputation chains then stay
+inside a block, as in full activation checkpointing, and the memory model
+stays small."""
 
 
 def structure_stage(state: PartitionState) -> None:
@@ -75,10 +82,14 @@ def structure_stage(state: PartitionState) -> None:
     nodes = state.candidates.nodes
     full = state.candidates.problem
     classes = block_classes(full, nodes)
+    sizes = {c.block: 0 for c in full.candidates}
+    for cand in full.candidates:
+        sizes[cand.block] += 1
+    protected = tuple(cls for cls in classes if sizes[cls[0]] >= BLOCK_BOUNDARY_CANDIDATES)
+    full = protect_block_boundaries(full, protected)
     coarse: frozenset[str] = frozenset()
     if len(full.candidates) > EXACT_MODEL_CANDIDATES:
-        full = protect_block_boundaries(full, classes)
-        coarse = frozenset(b for cls in classes for b in cls[1:])
+        coarse = frozenset(b for cls in protected for b in cls[1:])
     if state.config.block_reuse and not full.windows and classes:
         reduction = reduce_identical_blocks(full, nodes, classes)
     else:

@@ -49,7 +49,7 @@ def test_unknown_option_names_the_valid_ones():
         ({"accuracy": "perfect"}, "accuracy"),
         ({"on_infeasible": "ignore"}, "on_infeasible"),
         ({"solver_time_limit_s": 0}, "positive"),
-        ({"max_replans": 0}, "positive int"),
+        ({"solver_threads": 0}, "positive int"),
         ({"codecs": ["nope"]}, "unknown codec"),
     ],
 )

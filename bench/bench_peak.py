@@ -1,0 +1,202 @@
+"""Budget sweep of the measured step peak and step time under Inductor on
+CPU: adacc against no checkpointing (Inductor's default partitioner), full
+per-block activation checkpointing and PyTorch's ``activation_memory_budget``
+partitioner, side by side in one process (steps interleaved, medians).
+
+    python bench/bench_peak.py [--models gpt llama hf_gpt2] [--budgets 1.0 0.7 0.5 0.3 0.1]
+        [--torch-budgets 0.5 0.3 0.1] [--repeats 3] [--out bench/results/peak_sweep.md]
+
+Models: GPT-style and Llama-style (adacc_compile.models: 4 layers, d_model
+256, seq 256, batch 8, vocab 512) and, if transformers is installed, Hugging
+Face GPT-2 with 6 layers, d_model 384, 6 heads, seq 256, batch 8 (vocab
+50257; random weights; Dynamo compiles its body and its loss as two graphs).
+Peak: the profiler's allocator trace of one fw+bw step
+(`adacc_compile.measure`). Headlines: the fastest adacc plan whose measured
+peak is at most full AC's, against full AC; adacc against PyTorch's
+partitioner at each budget both ran at. Writes a markdown table, a JSON file
+and a PNG of peak against step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+
+import torch
+
+from adacc_compile.benchmarking import Variant, run_variants
+from adacc_compile.models import GPT, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
+
+
+class HFCausalLM(torch.nn.Module):
+    """Hugging Face causal LM as ``forward(ids, labels) -> loss``, with the
+    ``checkpoint_blocks`` switch the benchmark harness uses for full AC."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    @property
+    def checkpoint_blocks(self) -> bool:
+        return bool(getattr(self.model, "is_gradient_checkpointing", False))
+
+    @checkpoint_blocks.setter
+    def checkpoint_blocks(self, on: bool) -> None:
+        if on:
+            self.model.config.use_cache = False
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, labels=labels).loss
+
+
+def workload(name: str, steps: int):
+    gen = torch.Generator().manual_seed(0)
+    if name == "hf_gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        torch.manual_seed(0)
+        cfg = GPT2Config(n_layer=6, n_embd=384, n_head=6, n_positions=256)
+        model = HFCausalLM(GPT2LMHeadModel(cfg))
+        batches = [
+            (ids := torch.randint(0, cfg.vocab_size, (8, 256), generator=gen), ids) for _ in range(steps)
+        ]
+        return model, batches, "HF GPT-2: 6 layers, d_model 384, seq 256, batch 8, vocab 50257"
+    common = dict(n_layer=4, d_model=256, n_head=4, seq_len=256, vocab_size=512)
+    if name == "gpt":
+        cfg = GPTConfig(**common, dropout=0.1)
+        model = init_weights(GPT(cfg))
+    else:
+        cfg = LlamaConfig(**common, ffn_dim=688)
+        model = init_weights(Llama(cfg))
+    return model, [gpt_batch(cfg, 8, gen) for _ in range(steps)], f"{name}: 4 layers, d_model 256, seq 256, batch 8"
+
+
+def variants(budgets, torch_budgets) -> list[Variant]:
+    out = [Variant(name="no checkpointing", kind="inductor"), Variant(name="full AC", kind="full_ac")]
+    out += [Variant(name=f"torch budget @{b:g}", kind="torch_budget", budget=b, solver="dp") for b in torch_budgets]
+    out += [Variant(name=f"adacc @{b:g}", kind="adacc", options={"memory_budget": b}) for b in budgets]
+    return out
+
+
+def table(results, reference: str) -> str:
+    ref = next(r for r in results if r.name == reference)
+    lines = [
+        "| strategy | measured peak MiB | vs default | step ms (median) | vs default | adacc predicted act. peak MiB (per graph) | planning s | final loss |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        predicted = ", ".join(f"{s['predicted_activation_peak_bytes'] / 2**20:.1f}" for s in (x["summary"] for x in r.reports))
+        lines.append(
+            f"| {r.name} | {r.peak_bytes / 2**20:.1f} | {r.peak_bytes / ref.peak_bytes:.2f} | "
+            f"{1e3 * r.median_step_seconds:.0f} | {r.median_step_seconds / ref.median_step_seconds:.2f} | "
+            f"{predicted} | {'' if r.planning_seconds is None else f'{r.planning_seconds:.1f}'} | {r.losses[-1]:.4f} |"
+        )
+    return "\n".join(lines)
+
+
+def headlines(results) -> list[str]:
+    by = {r.name: r for r in results}
+    out = []
+    full = by["full AC"]
+    fitting = [r for r in results if r.name.startswith("adacc") and r.peak_bytes <= full.peak_bytes]
+    if fitting:
+        best = min(fitting, key=lambda r: r.median_step_seconds)
+        out.append(
+            f"at or below full AC's measured peak ({full.peak_bytes / 2**20:.1f} MiB): {best.name} peaks at "
+            f"{best.peak_bytes / 2**20:.1f} MiB with step time {best.median_step_seconds / full.median_step_seconds:.2f}x full AC's"
+        )
+    else:
+        lowest = min((r for r in results if r.name.startswith("adacc")), key=lambda r: r.peak_bytes)
+        out.append(
+            f"no adacc budget reached full AC's measured peak ({full.peak_bytes / 2**20:.1f} MiB); the lowest, "
+            f"{lowest.name}, peaks at {lowest.peak_bytes / full.peak_bytes:.2f}x it"
+        )
+    for name, r in by.items():
+        if not name.startswith("torch budget @"):
+            continue
+        budget = name.split("@")[1]
+        ours = by.get(f"adacc @{budget}")
+        if ours:
+            out.append(
+                f"@{budget}: adacc / PyTorch measured peak {ours.peak_bytes / r.peak_bytes:.2f}, "
+                f"step time {ours.median_step_seconds / r.median_step_seconds:.2f}"
+            )
+    return out
+
+
+def plot(sections, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, len(sections), figsize=(6 * len(sections), 4.5), squeeze=False)
+    for ax, (title, results) in zip(axes[0], sections):
+        for r in results:
+            marker = "o" if r.name.startswith("adacc") else ("s" if r.name.startswith("torch") else "^")
+            ax.scatter(r.peak_bytes / 2**20, 1e3 * r.median_step_seconds, marker=marker)
+            ax.annotate(r.name, (r.peak_bytes / 2**20, 1e3 * r.median_step_seconds), fontsize=7)
+        ax.set_xlabel("measured step peak (MiB)")
+        ax.set_ylabel("step time (ms, median)")
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["gpt", "llama", "hf_gpt2"])
+    parser.add_argument("--budgets", type=float, nargs="+", default=[1.0, 0.7, 0.5, 0.3, 0.1])
+    parser.add_argument("--torch-budgets", type=float, nargs="+", default=[0.5, 0.3, 0.1])
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="bench/results/peak_sweep.md")
+    args = parser.parse_args(argv)
+    import torch._inductor.config as inductor_config
+
+    sections, raw, text = [], {}, []
+    for name in args.models:
+        if name == "hf_gpt2":
+            try:
+                import transformers  # noqa: F401
+            except ImportError:
+                print("transformers is not installed: skipping HF GPT-2", flush=True)
+                continue
+        model, batches, title = workload(name, args.steps)
+        with inductor_config.patch(fallback_random=True):
+            results = run_variants(model, batches, variants(args.budgets, args.torch_budgets), timing_repeats=args.repeats)
+        sections.append((title, results))
+        block = f"### {title}\n\n" + table(results, "no checkpointing") + "\n\n" + "\n".join(
+            f"- {line}" for line in headlines(results)
+        )
+        text.append(block)
+        print(block, flush=True)
+        raw[name] = [
+            {"name": r.name, "peak_bytes": r.peak_bytes, "step_seconds": r.step_seconds, "losses": r.losses,
+             "compile_seconds": r.compile_seconds, "planning_seconds": r.planning_seconds,
+             "summaries": [x["summary"] for x in r.reports]}
+            for r in results
+        ]
+    header = (
+        f"## Budget sweep under Inductor — {datetime.date.today()} — {platform.machine()} CPU, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}\n\nCommand: `python bench/bench_peak.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n"
+    )
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write(header + "\n" + "\n\n".join(text) + "\n")
+    base = os.path.splitext(args.out)[0]
+    with open(base + ".json", "w") as f:
+        json.dump(raw, f, indent=1, default=str)
+    plot(sections, base + ".png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
