@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 from adacc_compile import compat
 from adacc_compile.passes.comm_model import LinkProfile, calibrate_link, default_link, link_by_name
 from adacc_compile.passes.memory_sim import simulate_step
-from adacc_compile.passes.plan_problem import added_seconds
 from adacc_compile.passes.schedule import recomputes_in_windows, schedule_recompute
 from adacc_compile.passes.windows import (
     CollectiveWindow,
@@ -177,43 +176,6 @@ def _calibrated_link(group_name: str, _size: int, _backend: str | None) -> LinkP
     reached by all ranks at the same compile), so that recompiles plan with
     the same numbers."""
     return calibrate_link(compat.resolve_group(group_name))
-
-
-def summary(state: "PartitionState") -> dict[str, Any]:
-    """The ``summary.json`` keys of issue 5."""
-    overlap = state.overlap or OverlapState()
-    problem, solution = state.candidates.problem, state.solution  # type: ignore[union-attr]
-    added = added_seconds(problem, solution)  # type: ignore[arg-type]
-    return {
-        "overlap_recompute": state.config.overlap_recompute,
-        "comm_profile": overlap.link.name if overlap.link else "",
-        "comm_windows": len(overlap.windows),
-        "comm_window_seconds": sum(w.seconds for w in overlap.windows),
-        "recomputes_in_windows": len(overlap.placed),
-        "recompute_nodes_in_windows": sum(len(v) for v in overlap.inside.values()),
-        "overlapped_recompute_seconds": overlap.overlapped_seconds,
-        "exposed_added_seconds": added - overlap.overlapped_seconds,
-        "recomputes_unplaced_for_memory": len(overlap.unplaced_for_memory),
-        "schedule_pins": overlap.pins,
-        "plan_hash": overlap.plan_hash,
-        "plan_hash_checked_ranks": list(overlap.checked_ranks),
-    }
-
-
-def dump(state: "PartitionState") -> dict[str, Any]:
-    """``windows.json``: every window and where each recomputation runs."""
-    overlap = state.overlap or OverlapState()
-    return {
-        "link": overlap.link.to_json() if overlap.link else None,
-        "windows": [w.to_json() for w in overlap.windows],
-        "planned": overlap.planned,
-        "placed": overlap.placed,
-        "skipped": overlap.skipped,
-        "unplaced_for_memory": list(overlap.unplaced_for_memory),
-        "inside": overlap.inside,
-        "plan_hash": overlap.plan_hash,
-        "plan_canonical": overlap.plan_canonical,
-    }
 
 
 def _alive_across_peak(module: Any, timeline: Any, placed: dict[str, str]) -> set[str]:

@@ -28,7 +28,8 @@ import os
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from adacc_compile import compat, overlap
+from adacc_compile import compat
+from adacc_compile.overlap import OverlapState
 from adacc_compile.passes.annotate import META_KEY
 from adacc_compile.passes.milp import write_lp
 from adacc_compile.passes.plan_problem import Decision, added_seconds, saved_bytes
@@ -154,7 +155,7 @@ def summarize(state: "PartitionState") -> dict[str, Any]:
         "device_profile": state.profile.name if state.profile else "",
         "stage_seconds": dict(state.stage_seconds),
         "notes": list(state.solution.notes),
-        **overlap.summary(state),  # issue 5: windows, overlapped recompute, plan hash
+        **_overlap_summary(state, added),
     }
 
 
@@ -257,7 +258,7 @@ def write_dumps(
     _write(folder, "forward.py", state.fw_module.print_readable(print_output=False))
     _write(folder, "backward.py", state.bw_module.print_readable(print_output=False))
     _write(folder, "memory_timeline.json", json.dumps(state.timeline.to_json()))
-    _write(folder, "windows.json", json.dumps(overlap.dump(state), indent=1))  # issue 5
+    _write(folder, "windows.json", json.dumps(_overlap_dump(state), indent=1))
     _plot_timeline(state, os.path.join(folder, "memory_timeline.png"))
     config = json.loads(state.config.to_json())
     _write(folder, "summary.json", json.dumps({**summary, "config": config}, indent=1, default=str))
@@ -292,3 +293,39 @@ def _plot_timeline(state: "PartitionState", path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def _overlap_summary(state: "PartitionState", added: float) -> dict[str, Any]:
+    """The ``summary.json`` keys of recomputation in communication windows;
+    ``added`` is the plan's estimated added time."""
+    overlap = state.overlap or OverlapState()
+    return {
+        "overlap_recompute": state.config.overlap_recompute,
+        "comm_profile": overlap.link.name if overlap.link else "",
+        "comm_windows": len(overlap.windows),
+        "comm_window_seconds": sum(w.seconds for w in overlap.windows),
+        "recomputes_in_windows": len(overlap.placed),
+        "recompute_nodes_in_windows": sum(len(v) for v in overlap.inside.values()),
+        "overlapped_recompute_seconds": overlap.overlapped_seconds,
+        "exposed_added_seconds": added - overlap.overlapped_seconds,
+        "recomputes_unplaced_for_memory": len(overlap.unplaced_for_memory),
+        "schedule_pins": overlap.pins,
+        "plan_hash": overlap.plan_hash,
+        "plan_hash_checked_ranks": list(overlap.checked_ranks),
+    }
+
+
+def _overlap_dump(state: "PartitionState") -> dict[str, Any]:
+    """``windows.json``: every window and where each recomputation runs."""
+    overlap = state.overlap or OverlapState()
+    return {
+        "link": overlap.link.to_json() if overlap.link else None,
+        "windows": [w.to_json() for w in overlap.windows],
+        "planned": overlap.planned,
+        "placed": overlap.placed,
+        "skipped": overlap.skipped,
+        "unplaced_for_memory": list(overlap.unplaced_for_memory),
+        "inside": overlap.inside,
+        "plan_hash": overlap.plan_hash,
+        "plan_canonical": overlap.plan_canonical,
+    }

@@ -132,7 +132,6 @@ def candidate_lifetime(
     users = _real_users(node)
     forward_users = [u for u in users if u in orders.forward]
     reads = sorted({orders.backward[u] for u in users if u in orders.backward})
-    last = len(orders.forward) - 1
     if node.op == "placeholder":
         return Lifetime(produced=-1, forward_last_use=-1, forward_always=True, forward_bytes=0,
                         backward_bytes=0, reads=tuple(reads))
@@ -180,7 +179,6 @@ def step_layout(
     (forward outputs to the end of the forward)."""
     decided = set(candidates)
     base = [0] * len(orders.forward)
-    last = len(orders.forward) - 1
     for node, position in orders.forward.items():
         if node in decided or node not in info.forward_needed:
             continue

@@ -57,7 +57,6 @@ from .plan_problem import (
     MemoryRow,
     PlanProblem,
     PlanSolution,
-    StepLayout,
 )
 
 MAX_SEGMENTS = 600
@@ -78,16 +77,27 @@ class Segments:
 
 
 def segment_positions(layers: tuple[str, ...], coarse: frozenset[str], limit: int = MAX_SEGMENTS) -> Segments:
-    """Consecutive positions of a coarse block form one segment; every
-    other position is a segment of its own, widened evenly if there would
-    be more than ``limit``."""
-    fine = sum(1 for layer in layers if layer not in coarse)
-    width = max(1, -(-fine // max(limit - len(coarse), 1)))
+    """The positions from a coarse block's first to its last form one
+    segment (with the nodes outside any block in between, such as the
+    residual adds that interleave with its backward); every other position
+    is a segment of its own, widened evenly if there would be more than
+    ``limit``."""
+    owner = list(layers)
+    span: dict[str, list[int]] = {}
+    for position, layer in enumerate(layers):
+        if layer in coarse:
+            span.setdefault(layer, [position, position])[1] = position
+    for layer, (first, last) in span.items():
+        for position in range(first, last + 1):
+            if owner[position] == "":
+                owner[position] = layer
+    fine = sum(1 for layer in owner if layer not in coarse)
+    width = max(1, -(-fine // max(limit - len(span), 1)))
     of: list[int] = []
     count = 0
     run = 0
     previous = None
-    for layer in layers:
+    for layer in owner:
         if layer in coarse:
             if layer != previous:
                 count += 1
@@ -228,9 +238,23 @@ def build_memory_model(
             continue
         direct = sorted({bw.of[p] for p in lt.reads})
         span = sorted(needs[cand.name])
+        # Need variables are only made where something reads them: before
+        # the first direct read (when the value itself may be recomputed or
+        # decompressed, or its inputs recomputed for it), after the last
+        # (when it outlives its reads), and in between only for a view user
+        # that shares its storage throughout.
+        shares = any(
+            u.can_recompute and u.lifetime is not None and u.lifetime.alias_of == cand.name
+            for u in users.get(cand.name, ())
+        )
+        early = cand.can_recompute or bool(cand.compress)
         for s in span:
             if s in direct:
                 need_var[(cand.name, s)] = 1.0
+                continue
+            if direct and (
+                (direct[0] < s < direct[-1] and not shares) or (s < direct[0] and not early and not shares)
+            ):
                 continue
             bounds = []
             for user in users.get(cand.name, ()):

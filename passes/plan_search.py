@@ -34,7 +34,7 @@ from .candidates import CandidateSet
 from .compress_rewrite import apply_compression
 from .fusion import Realization
 from .memory_sim import MemoryTimeline, simulate_step
-from .milp import SolverOptions, solve_milp
+from .milp import SolverOptions
 from .peak_model import SimulatedPeak, simulate
 from .plan_problem import PlanProblem, PlanSolution, added_seconds, check_solution, saved_bytes
 from .policies import get_policy

@@ -46,7 +46,7 @@ import torch
 
 from .device_profile import DeviceProfile, measure_roofline
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 """Bump when what is measured, or how, changes. 2: codec timings are of the
 aten form compiled by Inductor, measured lazily per (codec, dtype)."""
 

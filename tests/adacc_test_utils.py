@@ -224,3 +224,34 @@ class RandomNet(torch.nn.Module):
             elif block == "counter":
                 self.steps.add_(1)
         return (self.head(h).squeeze(-1) - x.sum(-1)).pow(2).mean() + h.square().mean()
+
+
+class TinyBert(torch.nn.Module):
+    """A BERT-style encoder: bidirectional attention (PyTorch's
+    TransformerEncoderLayer, post-norm, GELU, dropout) and a token head;
+    ``forward(idx, targets)`` returns the mean cross-entropy."""
+
+    def __init__(self, vocab: int = 64, d_model: int = 32, heads: int = 4, layers: int = 2, seq_len: int = 16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.tokens = torch.nn.Embedding(vocab, d_model)
+        self.positions = torch.nn.Embedding(seq_len, d_model)
+        self.norm = torch.nn.LayerNorm(d_model)
+        self.layers = torch.nn.ModuleList(
+            torch.nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.1, activation="gelu", batch_first=True)
+            for _ in range(layers)
+        )
+        self.head = torch.nn.Linear(d_model, vocab)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.norm(self.tokens(idx) + self.positions(pos))
+        for layer in self.layers:
+            x = layer(x)
+        return torch.nn.functional.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+
+def build_bert():
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 64, (2, 16), generator=gen)
+    return TinyBert(), (idx, torch.randint(0, 64, (2, 16), generator=gen))
