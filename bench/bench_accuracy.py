@@ -7,7 +7,7 @@ from the same initial weights on the same batches (issue 4).
         [--variants eager lossless balanced aggressive] [--out-dir bench/results]
 
 Text: the standard library's ``pydoc_data.topics`` help texts (nothing is
-downloaded; `adacc_compile.text_data`). Optimiser: AdamW. adacc variants use
+downloaded; `adacc_examples.text_data`). Optimiser: AdamW. adacc variants use
 ``backend="adacc_eager"`` (same partitioner as ``adacc``, graphs run
 eagerly, codecs through their torch reference implementations) at
 ``memory_budget=--budget`` with ``device_profile=--profile``: the H100 cost
@@ -38,9 +38,10 @@ from typing import Any
 import torch
 
 from adacc_compile.config import AdaccConfig
-from adacc_compile.models import GPT, GPTConfig, count_parameters, init_weights
+import _examples_path  # noqa: F401  (examples/ on sys.path)
+from adacc_examples.models import GPT, GPTConfig, count_parameters, init_weights
 from adacc_compile.partitioner import AdaccPartitioner
-from adacc_compile.text_data import load_char_corpus
+from adacc_examples.text_data import load_char_corpus
 
 ACCURACY_VARIANTS = ("lossless", "balanced", "aggressive")
 COMPRESS_ONLY_VARIANTS = ("balanced_compress_only", "aggressive_compress_only")

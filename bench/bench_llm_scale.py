@@ -52,7 +52,8 @@ from bench_pareto import CapturedJoint, build_model, capture_joint  # noqa: E402
 
 from adacc_compile.passes import plan_search  # noqa: E402
 from adacc_compile.config import parse_bytes  # noqa: E402
-from adacc_compile.models import LlamaConfig, count_parameters, gpt_batch  # noqa: E402
+import _examples_path  # noqa: F401  (examples/ on sys.path)
+from adacc_examples.models import LlamaConfig, count_parameters, gpt_batch  # noqa: E402
 
 # Functions the plan search calls by their module-level names in
 # `passes.plan_search`; each is wrapped to time the parts of the plan stage.

@@ -22,8 +22,9 @@ import sys
 
 import torch
 
-from adacc_compile.benchmarking import Variant, results_table, run_variants
-from adacc_compile.models import GPT, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
+import _examples_path  # noqa: F401  (examples/ on sys.path)
+from adacc_examples.benchmarking import Variant, results_table, run_variants
+from adacc_examples.models import GPT, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
 
 
 def model_and_batches(name: str, args: argparse.Namespace):

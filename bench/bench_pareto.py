@@ -52,7 +52,8 @@ from typing import Any, Callable
 import torch
 
 from adacc_compile.config import AdaccConfig
-from adacc_compile.models import GPT, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
+import _examples_path  # noqa: F401  (examples/ on sys.path)
+from adacc_examples.models import GPT, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
 from adacc_compile.partitioner import AdaccPartitioner
 
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -352,7 +353,7 @@ def plot(groups: dict[str, list[dict[str, Any]]], path: str) -> None:
 def measure(name: str, cfg, args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     import torch._inductor.config as inductor_config
 
-    from adacc_compile.benchmarking import Variant, results_table, run_variants
+    from adacc_examples.benchmarking import Variant, results_table, run_variants
 
     model = init_weights(build_model(name, cfg))
     gen = torch.Generator().manual_seed(0)

@@ -6,7 +6,7 @@ partitioner, side by side in one process (steps interleaved, medians).
     python bench/bench_peak.py [--models gpt llama hf_gpt2] [--budgets 1.0 0.7 0.5 0.3 0.1]
         [--torch-budgets 0.5 0.3 0.1] [--repeats 3] [--out bench/results/peak_sweep.md]
 
-Models: GPT-style and Llama-style (adacc_compile.models: 4 layers, d_model
+Models: GPT-style and Llama-style (adacc_examples.models: 4 layers, d_model
 256, seq 256, batch 8, vocab 512) and, if transformers is installed, Hugging
 Face GPT-2 with 6 layers, d_model 384, 6 heads, seq 256, batch 8 (vocab
 50257; random weights; Dynamo compiles its body and its loss as two graphs).
@@ -28,8 +28,9 @@ import sys
 
 import torch
 
-from adacc_compile.benchmarking import Variant, run_variants
-from adacc_compile.models import GPT, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
+import _examples_path  # noqa: F401  (examples/ on sys.path)
+from adacc_examples.benchmarking import Variant, run_variants
+from adacc_examples.models import GPT, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
 
 
 class HFCausalLM(torch.nn.Module):

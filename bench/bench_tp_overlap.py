@@ -1,7 +1,7 @@
 """Lynx on tensor-parallel training: recomputation inside the backward's
 all-reduce windows vs on demand (issue 5's benchmark).
 
-Part 1, measured: a Megatron-style tensor-parallel GPT (`adacc_compile.tp_example`)
+Part 1, measured: a Megatron-style tensor-parallel GPT (`adacc_examples.tp_example`)
 on 2 and 4 gloo ranks (CPU processes, one thread each), compiled twice with
 the same options at a budget that forces recomputation -- once with
 ``overlap_recompute=True`` (recomputation placed after each all-reduce is
@@ -49,8 +49,9 @@ from adacc_compile.passes.device_profile import BUILTIN_PROFILES
 def _worker(rank: int, world_size: int, port: int, out_dir: str, args: dict) -> None:
     import torch.distributed as dist
 
-    from adacc_compile.models import GPTConfig, gpt_batch
-    from adacc_compile.tp_example import build, init_gloo
+    import _examples_path  # noqa: F401  (examples/ on sys.path)
+    from adacc_examples.models import GPTConfig, gpt_batch
+    from adacc_examples.tp_example import build, init_gloo
 
     import faulthandler
 
@@ -122,7 +123,7 @@ def _step(model, compiled, batch) -> float:
 def measure(world_size: int, args: argparse.Namespace) -> dict:
     import torch.multiprocessing as mp
 
-    from adacc_compile.tp_example import free_port
+    from adacc_examples.tp_example import free_port
 
     with tempfile.TemporaryDirectory() as out_dir:
         mp.spawn(_worker, args=(world_size, free_port(), out_dir, vars(args)), nprocs=world_size)

@@ -21,7 +21,7 @@ cut short still leaves what it measured.
    ``torch.cuda.max_memory_allocated`` above the weights, under no
    checkpointing, full activation checkpointing, PyTorch's
    ``activation_memory_budget`` partitioner and adacc lossless / balanced,
-   at each of ``--budgets`` (`adacc_compile.benchmarking.run_variants`).
+   at each of ``--budgets`` (`adacc_examples.benchmarking.run_variants`).
 
 ``--time-budget-s`` (default 450) stops starting new work once spent; the
 skipped parts are listed in the output. Without a GPU (``--smoke`` on CPU)
@@ -46,11 +46,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 from adacc_compile import compat
-from adacc_compile.benchmarking import Variant, results_table, run_variants
+import _examples_path  # noqa: F401  (examples/ on sys.path)
+from adacc_examples.benchmarking import Variant, results_table, run_variants
 from adacc_compile.kernels import available_codecs, get_codec
 from adacc_compile.kernels.aten_graphs import codec_graphs
 from adacc_compile.kernels.oplib import is_interpreted, triton_available
-from adacc_compile.models import GPT, GPTConfig, Llama, LlamaConfig, count_parameters, gpt_batch, init_weights
+from adacc_examples.models import GPT, GPTConfig, Llama, LlamaConfig, count_parameters, gpt_batch, init_weights
 
 # --------------------------------------------------------------------------
 # sizes

@@ -34,7 +34,7 @@ def spawn(worker: Callable[..., None], world_size: int, out_dir: str, *args: Any
     ``world_size`` processes; returns each rank's result dict."""
     import torch.multiprocessing as mp
 
-    from adacc_compile.tp_example import free_port
+    from adacc_examples.tp_example import free_port
 
     context = mp.start_processes(
         worker, args=(world_size, free_port(), out_dir, *args), nprocs=world_size, join=False, start_method="spawn"
@@ -61,14 +61,14 @@ def _setup(rank: int, world_size: int, port: int) -> str:
 
     inductor_config.fx_graph_cache = False
     functorch_config.enable_autograd_cache = False
-    from adacc_compile.tp_example import init_gloo
+    from adacc_examples.tp_example import init_gloo
 
     return init_gloo(rank, world_size, port)
 
 
 def _tiny_tp(rank: int, world_size: int, group: str, n_layer: int = 2):
-    from adacc_compile.models import GPTConfig, gpt_batch
-    from adacc_compile.tp_example import build
+    from adacc_examples.models import GPTConfig, gpt_batch
+    from adacc_examples.tp_example import build
 
     cfg = GPTConfig(n_layer=n_layer, d_model=32, n_head=4, seq_len=16, vocab_size=64)
     model, dense = build(cfg, rank, world_size, group)
@@ -104,7 +104,7 @@ def tp_overlap_worker(rank: int, world_size: int, port: int, out_dir: str, backe
     """Compiles the TP model, checks it against the dense model, reports."""
     import torch.distributed as dist
 
-    from adacc_compile.tp_example import dense_grad_shard
+    from adacc_examples.tp_example import dense_grad_shard
     from adacc_test_utils import compile_with_reports
 
     result: dict[str, Any] = {"rank": rank}

@@ -9,7 +9,7 @@ import torch
 import torch.fx as fx
 
 from adacc_compile.config import AdaccConfig
-from adacc_compile.models import GPT, MLP, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
+from adacc_examples.models import GPT, MLP, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
 from adacc_compile.partitioner import AdaccPartitioner
 
 

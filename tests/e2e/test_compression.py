@@ -12,7 +12,7 @@ import torch
 import torch.fx as fx
 
 from adacc_compile.kernels import get_codec
-from adacc_compile.models import GPT, GPTConfig, gpt_batch, init_weights
+from adacc_examples.models import GPT, GPTConfig, gpt_batch, init_weights
 from adacc_compile.passes.candidates import CandidateSet
 from adacc_compile.passes.plan_problem import PlanProblem, PlanSolution
 from adacc_compile.passes.verify import PlanVerificationError, verify_split

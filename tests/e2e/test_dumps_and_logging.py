@@ -12,7 +12,7 @@ import textwrap
 
 import torch
 
-from adacc_compile.models import MLP, init_weights
+from adacc_examples.models import MLP, init_weights
 from adacc_test_utils import compile_with_reports, loss_and_grads
 
 SUMMARY_KEYS = {

@@ -16,7 +16,7 @@ import torch.fx as fx
 from torch._inductor.utils import run_and_get_code
 
 from adacc_compile.kernels import get_codec
-from adacc_compile.models import GPT, GPTConfig, gpt_batch, init_weights
+from adacc_examples.models import GPT, GPTConfig, gpt_batch, init_weights
 from adacc_compile.passes import codec_form, compress_rewrite, profile_cache
 from adacc_compile.passes.candidates import CandidateSet
 from adacc_compile.passes.compress_rewrite import CODEC_NODE, DECOMPRESSED, CodecNode

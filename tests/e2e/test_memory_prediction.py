@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from adacc_compile.measure import measure_peak_bytes
-from adacc_compile.models import GPT, GPTConfig, gpt_batch, init_weights
+from adacc_examples.models import GPT, GPTConfig, gpt_batch, init_weights
 from adacc_test_utils import compile_with_reports
 
 

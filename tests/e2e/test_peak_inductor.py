@@ -22,7 +22,7 @@ def _model():
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError:
-        from adacc_compile.models import GPT, GPTConfig, init_weights
+        from adacc_examples.models import GPT, GPTConfig, init_weights
 
         cfg = GPTConfig(n_layer=6, d_model=384, n_head=6, seq_len=256, vocab_size=50257, dropout=0.1)
         model = init_weights(GPT(cfg))

@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from adacc_compile.models import MLP, init_weights
+from adacc_examples.models import MLP, init_weights
 from adacc_compile.passes.plan_problem import (
     Candidate,
     Choice,

@@ -1,6 +1,6 @@
 """Side-by-side training runs of adacc and its baselines.
 
-Shared by the demo (``adacc-demo`` / ``python -m adacc_compile.demo``) and
+Shared by the demo (``python examples/demo.py``) and
 ``bench/``. Every variant trains its own copy of the same initial weights on
 the same batches; step times are measured interleaved across variants (one
 step of each in turn, repeated) and reported as medians, because the

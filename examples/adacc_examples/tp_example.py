@@ -13,11 +13,11 @@ so a compiled backward graph holds ``_c10d_functional.all_reduce`` +
 ``wait_tensor`` pairs: the communication windows adacc fills with
 recomputation (issue 5). Embeddings, final norm and LM head are replicated.
 
-`TPGPT.from_dense` slices a dense `adacc_compile.models.GPT` (dropout 0), so
+`TPGPT.from_dense` slices a dense `adacc_examples.models.GPT` (dropout 0), so
 tests can compare the sharded model's loss and gradients with the dense
 model's. Run standalone on CPU processes with gloo::
 
-    python -m adacc_compile.tp_example --world-size 2 --backend adacc_eager
+    python -m adacc_examples.tp_example --world-size 2 --backend adacc_eager
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from adacc_compile.models import GPT, GPTConfig, gpt_batch, init_weights
+from adacc_examples.models import GPT, GPTConfig, gpt_batch, init_weights
 
 
 class _CopyToTensorParallel(torch.autograd.Function):

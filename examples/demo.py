@@ -1,7 +1,7 @@
 """The main job: a small GPT compiled with ``backend="adacc"`` trains a few
 steps; prints the plan and the memory saved against the baselines.
 
-    python -m adacc_compile.demo [--budget 0.5] [--steps 4] [--layers 4] [--accuracy lossless]
+    python examples/demo.py [--budget 0.5] [--steps 4] [--layers 4] [--accuracy lossless]
 
 Every variant starts from the same weights and sees the same batches, so
 the loss columns must agree: adacc's default plan is lossless. With
@@ -19,8 +19,8 @@ import sys
 
 import torch
 
-from adacc_compile.benchmarking import run_variants, standard_variants
-from adacc_compile.models import GPT, GPTConfig, gpt_batch, init_weights
+from adacc_examples.benchmarking import run_variants, standard_variants
+from adacc_examples.models import GPT, GPTConfig, gpt_batch, init_weights
 from adacc_compile.report import plan_table
 
 
