@@ -68,10 +68,10 @@ def training_arguments(tmp_path: pathlib.Path, steps: int, **overrides) -> "tran
     )
 
 
-def train(model: torch.nn.Module, tmp_path: pathlib.Path, steps: int) -> LoggedSteps:
+def train(model: torch.nn.Module, tmp_path: pathlib.Path, steps: int, samples: int) -> LoggedSteps:
     logged = LoggedSteps()
     trainer = transformers.Trainer(
-        model=model, args=training_arguments(tmp_path, steps), train_dataset=token_dataset(), callbacks=[logged]
+        model=model, args=training_arguments(tmp_path, steps), train_dataset=token_dataset(samples), callbacks=[logged]
     )
     trainer.train()
     assert len(logged.losses) == steps
@@ -90,15 +90,17 @@ def planned_graphs(dump_dir: pathlib.Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(dump_dir.glob("graph_*/summary.json"))]
 
 
-def _check_in_place_compile(tmp_path: pathlib.Path, backend: str, *, n_layer: int, steps: int, dropout: float, rel: float):
+def _check_in_place_compile(
+    tmp_path: pathlib.Path, backend: str, *, n_layer: int, steps: int, samples: int, dropout: float, rel: float
+) -> tuple[torch.nn.Module, torch.nn.Module, list[dict]]:
     expected_model = tiny_gpt2(n_layer, dropout)
-    expected = train(expected_model, tmp_path, steps)
+    expected = train(expected_model, tmp_path, steps, samples)
 
     model = tiny_gpt2(n_layer, dropout)
     keys = list(model.state_dict())
     dump = tmp_path / "dump"
     model.compile(backend=backend, options={"dump_dir": str(dump)})  # lossless default
-    actual = train(model, tmp_path, steps)
+    actual = train(model, tmp_path, steps, samples)
 
     assert_same_steps(expected, actual, rel=rel)
     summaries = planned_graphs(dump)
@@ -106,18 +108,30 @@ def _check_in_place_compile(tmp_path: pathlib.Path, backend: str, *, n_layer: in
     assert sum(s["decisions"]["recompute"] for s in summaries) > 0
     # Compiled in place: checkpoints keep the model's own parameter names.
     assert list(model.state_dict()) == keys
-    return expected_model, model
+    return expected_model, model, summaries
 
 
 def test_trainer_in_place_compile_eager_matches_uncompiled(tmp_path):
-    """``adacc_eager``: 4 AdamW steps with dropout, the same losses, gradient
+    """``adacc_eager``: 3 AdamW steps with dropout, the same losses, gradient
     norms and final weights as the uncompiled Trainer."""
-    expected_model, model = _check_in_place_compile(
-        tmp_path, "adacc_eager", n_layer=2, steps=4, dropout=0.1, rel=EAGER_REL
+    expected_model, model, summaries = _check_in_place_compile(
+        tmp_path, "adacc_eager", n_layer=2, steps=3, samples=12, dropout=0.1, rel=EAGER_REL
     )
+    assert len(summaries) == 2  # GPT-2 breaks into its body and its loss
     expected = dict(expected_model.named_parameters())
     for name, param in model.named_parameters():
         assert relative_error(param, expected[name]) <= EAGER_REL, name
+
+
+@pytest.mark.slow
+def test_trainer_short_last_batch_recompiles_and_matches(tmp_path):
+    """10 samples in batches of 4: the last batch is shorter, Dynamo
+    recompiles both graphs for it and adacc plans them; the losses still
+    equal the uncompiled Trainer's."""
+    _, _, summaries = _check_in_place_compile(
+        tmp_path, "adacc_eager", n_layer=1, steps=3, samples=10, dropout=0.1, rel=EAGER_REL
+    )
+    assert len(summaries) == 4
 
 
 @pytest.mark.slow
@@ -125,7 +139,7 @@ def test_trainer_in_place_compile_inductor_matches_uncompiled(tmp_path):
     """``adacc`` (Inductor's C++ on CPU): losses and gradient norms within
     Inductor's round-off. (Weights after AdamW steps are not compared: Adam
     normalises each update, so round-off in small gradients is amplified.)"""
-    _check_in_place_compile(tmp_path, "adacc", n_layer=1, steps=2, dropout=0.1, rel=INDUCTOR_REL)
+    _check_in_place_compile(tmp_path, "adacc", n_layer=1, steps=2, samples=8, dropout=0.1, rel=INDUCTOR_REL)
 
 
 def test_torch_compile_backend_adacc_is_refused_by_accelerate(tmp_path):
