@@ -59,13 +59,17 @@ def fsdp2_worker(rank: int, world_size: int, port: int, out_dir: str, backend: s
             result["losses"].append(loss.item())
             result["dense_losses"].append(dense_losses[rank].item())
             expected = dict(dense.named_parameters())
-            errors = {name: relative_error(p.grad.full_tensor(), expected[name].grad) for name, p in model.named_parameters()}
+            errors = {
+                name: relative_error(param.grad.full_tensor(), expected[name].grad)
+                for name, param in model.named_parameters()
+            }
             worst = max(errors, key=errors.get)
             result["grad_errors"].append([worst, errors[worst]])
             for optimizer in optimizers:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-        result["summaries"] = [json.loads(p.read_text()) for p in sorted(pathlib.Path(dump).glob("graph_*/summary.json"))]
+        summaries = sorted(pathlib.Path(dump).glob("graph_*/summary.json"))
+        result["summaries"] = [json.loads(path.read_text()) for path in summaries]
         dist.barrier()
     except BaseException:
         result["error"] = traceback.format_exc()
