@@ -111,12 +111,19 @@ def classify_joint_graph(
     return JointGraphInfo(forward, backward, info.static_lifetime_input_nodes, needed, info)
 
 
-def default_saved_values(joint_module: fx.GraphModule, graph_info: JointGraphInfo) -> list[fx.Node]:
+def default_saved_values(
+    joint_module: fx.GraphModule, graph_info: JointGraphInfo, memory_budget: float = 1.0
+) -> list[fx.Node]:
     """The values PyTorch's default partitioner for Inductor (the min-cut
     rematerialisation partitioner, at no memory budget) saves for this joint
     graph: the anchor of adacc's ratio budgets. Only its choice is computed,
     not its forward/backward split; the graph is not changed (the min cut
-    reads a ``dist_from_bw`` attribute it expects on every node)."""
+    reads a ``dist_from_bw`` attribute it expects on every node).
+
+    ``memory_budget`` below 1 is PyTorch's own memory-budget partitioner
+    (``torch._functorch.config.activation_memory_budget``; its ratio is of
+    the saved bytes above what saving only the inputs holds), the baseline
+    ``adacc plan`` compares with."""
     info = graph_info.node_info
     if not info.required_bw_nodes:
         return []
@@ -128,7 +135,7 @@ def default_saved_values(joint_module: fx.GraphModule, graph_info: JointGraphInf
                     node.dist_from_bw = min(node.dist_from_bw, user.dist_from_bw + 1)
         else:
             node.dist_from_bw = 0
-    return list(_partitioners.choose_saved_values_set(joint_module.graph, info, memory_budget=1.0))
+    return list(_partitioners.choose_saved_values_set(joint_module.graph, info, memory_budget=memory_budget))
 
 
 def forward_output_nodes(joint_module: fx.GraphModule, num_fwd_outputs: int) -> list[fx.Node]:
@@ -264,6 +271,87 @@ def custom_partitioner_base() -> type:
 
 
 # --------------------------------------------------------------------------
+# tracing a model without running it (``adacc plan``)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedJoint:
+    """A joint forward+backward graph as AOTAutograd hands it to a
+    partitioner, with the arguments it passes; plans are made from it
+    without compiling or running anything."""
+
+    gm: fx.GraphModule
+    joint_inputs: Any
+    kwargs: dict[str, Any]
+
+
+class _JointCaptured(Exception):
+    """Raised by the capturing partitioner: nothing after it is needed."""
+
+
+def fake_tensors() -> Any:
+    """Context manager: tensors made inside are fake (shape, dtype, no
+    storage), so a model of any size can be built and traced."""
+    from torch._subclasses import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+def capture_joint_graph(model: torch.nn.Module, inputs: Sequence[Any]) -> CapturedJoint:
+    """Traces ``model(*inputs)`` with Dynamo and AOTAutograd (the graph
+    ``torch.compile`` would partition) and stops at the partitioner, so
+    nothing is compiled or run. ``model`` and ``inputs`` are normally fake
+    (`fake_tensors`). Only Dynamo's first graph is traced: a model that
+    returns its loss from one graph (no graph break before it) is planned
+    whole; `joint_outputs_scalar` tells the caller whether that held."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.decomposition import select_decomp_table
+
+    captured: list[CapturedJoint] = []
+
+    def partition(gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        captured.append(CapturedJoint(gm, joint_inputs, kwargs))
+        raise _JointCaptured
+
+    def never_called(gm: fx.GraphModule, example_inputs: Any) -> Any:
+        raise AssertionError("capture_joint_graph compiles nothing")
+
+    def stop(*args: Any) -> Any:
+        raise _JointCaptured
+
+    def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
+        aot = aot_autograd(
+            fw_compiler=never_called, bw_compiler=never_called, partition_fn=partition,
+            decompositions=select_decomp_table(),  # as Inductor traces it
+        )
+        try:
+            aot(gm, example_inputs)
+        except _JointCaptured:
+            pass
+        return stop
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(model, backend=backend)(*inputs)
+    except _JointCaptured:
+        pass
+    finally:
+        torch._dynamo.reset()
+    if not captured:
+        raise RuntimeError("no joint graph was captured: the model's first graph computes no gradient")
+    return captured[0]
+
+
+def joint_outputs_scalar(captured: CapturedJoint) -> bool:
+    """The traced graph's forward returns one 0-dim value (the loss): the
+    backward starts in this graph, so no graph break came before the loss."""
+    outputs = forward_output_nodes(captured.gm, int(captured.kwargs["num_fwd_outputs"]))
+    values = [n.meta.get("val") for n in outputs]
+    return len(values) == 1 and isinstance(values[0], torch.Tensor) and values[0].dim() == 0
+
+
+# --------------------------------------------------------------------------
 # structured logging
 # --------------------------------------------------------------------------
 
@@ -324,7 +412,7 @@ def allocator_totals(prof: Any) -> list[int]:
 
 
 # --------------------------------------------------------------------------
-# order pinning and process groups (issue 5: recompute in comm windows)
+# order pinning and process groups (recompute inside communication windows)
 # --------------------------------------------------------------------------
 
 

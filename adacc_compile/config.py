@@ -162,7 +162,7 @@ class AdaccConfig:
     """Solve one instance of each set of identical blocks and replicate it
     (Lynx HEU); False forces the full MILP (for comparison)."""
 
-    # --- communication windows (issue 5, Lynx) -----------------------------
+    # --- communication windows (Lynx) -----------------------------
 
     overlap_recompute: bool = True
     """Run recomputation inside the backward's communication windows (after a

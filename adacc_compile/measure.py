@@ -12,7 +12,10 @@ and page reuse make unreliable at the megabyte scale of CPU test models.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import os
+import sys
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -33,7 +36,32 @@ def measure_peak_bytes(step: Callable[[], Any], device: str | torch.device = "cp
         raise ValueError(f"measure_peak_bytes supports cpu and cuda devices, not {device}")
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _native_stderr_silenced():
+        prof.start()
+    try:
         step()
+    finally:
+        with _native_stderr_silenced():
+            prof.stop()
     totals = compat.allocator_totals(prof)
     return max([0, *totals])
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Kineto logs ``USDT ... profiler_start`` / ``profiler_stop`` lines to
+    the C-level stderr at every profiler start and stop (torch 2.13), which
+    a measurement loop turns into dozens of lines in the user's output; only
+    an environment variable read at process start controls it. File
+    descriptor 2 points at /dev/null just for the start and the stop, never
+    while the measured step runs."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

@@ -1,4 +1,4 @@
-"""Pipeline stages for recomputation inside communication windows (Lynx, issue 5).
+"""Pipeline stages for recomputation inside communication windows (Lynx).
 
     windows   find the backward's (issue, wait) windows, estimate their
               capacity, tell the planner which recomputations fit where;

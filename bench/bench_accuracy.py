@@ -1,6 +1,6 @@
 """Accuracy study: a small character-level GPT trained on real English text
 without checkpointing and with adacc lossless / balanced / aggressive plans,
-from the same initial weights on the same batches (issue 4).
+from the same initial weights on the same batches.
 
     python bench/bench_accuracy.py [--steps 300] [--layers 2] [--d-model 128]
         [--seq-len 64] [--batch 8] [--lr 1e-3] [--budget 0.3] [--profile h100]

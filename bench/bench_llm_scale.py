@@ -1,6 +1,6 @@
 """Planning at LLM scale without the memory: a Llama-7B-shaped model planned
 entirely under fake tensors on this CPU, with identical-block reuse (Lynx
-HEU) and with the full MILP (issue 4).
+HEU) and with the full MILP.
 
     python bench/bench_llm_scale.py [--micro-batches 1 4] [--budget 60GiB]
         [--accuracy balanced] [--profile h100] [--small-layers 32]

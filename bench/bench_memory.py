@@ -1,6 +1,6 @@
 """adacc vs the baselines: measured and predicted peak memory, step time,
 planning and compile time, for GPT-style and Llama-style models at several
-budgets (issue 2's benchmark).
+budgets.
 
     python bench/bench_memory.py [--budgets 0.3 0.5 0.7] [--models gpt llama]
         [--layers 2] [--d-model 128] [--seq-len 128] [--batch 4] [--repeats 5]

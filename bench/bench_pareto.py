@@ -1,5 +1,5 @@
 """Pareto curve of estimated added time vs planned peak memory for the three
-plan families of issue 4: recompute-only, compress-only and mixed.
+plan families recompute-only, compress-only and mixed.
 
     python bench/bench_pareto.py [--models gpt llama] [--layers 2] [--d-model 256]
         [--seq-len 256] [--batch 4] [--budgets 1.0 0.8 0.6 0.5 0.4 0.3 0.2 0.1]

@@ -1,5 +1,5 @@
 """Lynx on tensor-parallel training: recomputation inside the backward's
-all-reduce windows vs on demand (issue 5's benchmark).
+all-reduce windows vs on demand.
 
 Part 1, measured: a Megatron-style tensor-parallel GPT (`adacc_examples.tp_example`)
 on 2 and 4 gloo ranks (CPU processes, one thread each), compiled twice with

@@ -1,4 +1,4 @@
-"""Calibrate pass: codec statistics from real activations (issue 4).
+"""Calibrate pass: codec statistics from real activations.
 
 Reads: the joint graph, its forward nodes, the candidates with their compress
 options, and real values for the primal inputs (the batch and parameters the

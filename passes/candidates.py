@@ -15,7 +15,7 @@ a recompute chain). Legality per value:
   ops, values PyTorch tagged "must save", or values that read an input the
   forward writes in place afterwards (`mutation.stale_reading`: the
   recomputation would see the new contents);
-* compress: each codec whose ``applies`` check accepts the value (issue 4).
+* compress: each codec whose ``applies`` check accepts the value.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Variables, for every candidate value v (only the legal ones exist):
   plus tie breaks worth at most 0.1% of the cheapest option that prefer
   fewer saved bytes and a lower modelled peak.
 
-Communication windows (Lynx, issue 5), when the problem has any:
+Communication windows (Lynx), when the problem has any:
 ``ov[v, w]`` for every window w legal for v's recompute, binary;
 
 * ``Σw ov[v, w] ≤ rec[v]`` (only a recomputed value is placed, in one window);
@@ -41,6 +41,8 @@ can be written as an ``.lp`` file for inspection.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -71,7 +73,7 @@ class _Var:
     seconds: float
     nbytes: int
     window: str | None = None
-    """Set on an ``ov[v, w]`` variable (issue 5)."""
+    """Set on an ``ov[v, w]`` variable (communication windows)."""
     feeds_recompute: bool = True
     """False for codecs whose output may not feed a recompute (lossy or
     few-bit: `CompressOption.feeds_recompute`)."""
@@ -86,7 +88,7 @@ class _Model:
     of `peak_scale` bytes)."""
     credit: dict[int, tuple[float, float, float]] = field(default_factory=dict)
     """``ov`` variable -> (recompute seconds it hides, bytes for the tie
-    break, lateness in [0, 1) for the tie break) (issue 5)."""
+    break, lateness in [0, 1) for the tie break) (communication windows)."""
     by_candidate: dict[str, list[int]] = field(default_factory=dict)
     rows: list[tuple[float, float, list[int], list[float], str]] = field(default_factory=list)
 
@@ -125,8 +127,7 @@ def solve_milp(
         note = f"required values with no legal option: {stuck}"
         return PlanSolution(choices={}, status="infeasible", solver="milp", notes=(note,))
     model = _build(problem, minimize=minimize, time_cap_s=time_cap_s)
-    highs = highspy.Highs()
-    highs.setOptionValue("output_flag", False)
+    highs = _quiet_highs()
     highs.setOptionValue("time_limit", float(options.time_limit_s))
     highs.setOptionValue("mip_rel_gap", float(options.mip_rel_gap))
     highs.setOptionValue("threads", int(options.threads))
@@ -332,7 +333,7 @@ def _to_lp(model: _Model, minimize: str, problem: PlanProblem) -> highspy.HighsL
     peak = model.continuous.get("peak")
     if minimize == "time":
         cost[:binaries] = seconds + TIE_BREAK * cheapest * nbytes / total_bytes
-        for index, (credit, tie_bytes, lateness) in model.credit.items():  # ov[v, w] (issue 5)
+        for index, (credit, tie_bytes, lateness) in model.credit.items():  # ov[v, w]: recompute in window w
             cost[index] = -credit * _US + 1e-3 * cheapest * (tie_bytes / total_bytes + lateness)
         if peak is not None:  # among equally fast plans, the lower peak
             cost[binaries + peak] = TIE_BREAK * cheapest
@@ -387,10 +388,35 @@ def _safe(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
 
 
+_BANNER_SHOWN = False
+
+
+def _quiet_highs() -> highspy.Highs:
+    """A solver that prints nothing. HiGHS writes its banner to the C-level
+    stdout from the first ``Highs()`` a process constructs, before any option
+    can be set, so that one construction runs with file descriptor 1 pointed
+    at /dev/null (Python-level redirection does not reach C ``printf``)."""
+    global _BANNER_SHOWN
+    if _BANNER_SHOWN:
+        highs = highspy.Highs()
+    else:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            with open(os.devnull, "w") as devnull:
+                os.dup2(devnull.fileno(), 1)
+                highs = highspy.Highs()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        _BANNER_SHOWN = True
+    highs.setOptionValue("output_flag", False)
+    return highs
+
+
 def write_lp(problem: PlanProblem, path: str) -> None:
     """Writes the time-minimising model of ``problem`` to ``path`` (no solve)."""
     model = _build(problem, minimize="time", time_cap_s=None)
-    highs = highspy.Highs()
-    highs.setOptionValue("output_flag", False)
+    highs = _quiet_highs()
     highs.passModel(_to_lp(model, "time", problem))
     highs.writeModel(path)

@@ -134,7 +134,7 @@ class Candidate:
     """Repeated-block id (e.g. "layers.3"), empty outside blocks."""
     windows: tuple[str, ...] = ()
     """Communication windows its recomputation may be placed in (Lynx): the
-    window opens before this value's first backward use (issue 5)."""
+    window opens before this value's first backward use."""
     keep_seconds: float = 0.0
     """Time keeping it costs: writing it in the forward where it would
     otherwise stay fused, and reading it back in the backward."""
@@ -143,7 +143,7 @@ class Candidate:
     memory model; the budget then caps the saved bytes only)."""
 
 
-# --- communication windows (issue 5, Lynx) ---------------------------------
+# --- communication windows (Lynx) ---------------------------------
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -288,7 +288,7 @@ def check_solution(problem: PlanProblem, solution: PlanSolution) -> list[str]:
     return errors
 
 
-# --- communication windows (issue 5, Lynx) ---------------------------------
+# --- communication windows (Lynx) ---------------------------------
 
 
 def overlapped_seconds(problem: PlanProblem, solution: PlanSolution) -> float:

@@ -1,5 +1,5 @@
 """Windows pass: the communication windows of the backward, and which
-recomputations may hide in each (Lynx, issue 5).
+recomputations may hide in each (Lynx).
 
 Reads: ``node.meta["adacc"]`` (annotate pass: runtime, op class, bytes), the
 backward nodes in execution order. Writes: nothing on the graph; returns

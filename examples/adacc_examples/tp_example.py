@@ -11,7 +11,7 @@ backward; ``g`` an all-reduce forward and the identity backward. Both are
 ``torch.autograd.Function`` over ``torch.distributed._functional_collectives``,
 so a compiled backward graph holds ``_c10d_functional.all_reduce`` +
 ``wait_tensor`` pairs: the communication windows adacc fills with
-recomputation (issue 5). Embeddings, final norm and LM head are replicated.
+recomputation. Embeddings, final norm and LM head are replicated.
 
 `TPGPT.from_dense` slices a dense `adacc_examples.models.GPT` (dropout 0), so
 tests can compare the sharded model's loss and gradients with the dense

@@ -1,4 +1,4 @@
-"""Codec calibration on real activations (issue 4): the backend's real inputs
+"""Codec calibration on real activations: the backend's real inputs
 reach the partitioner, every lossy option is measured, options over their
 codec's declared bound are dropped, statistics land in the plan, and the run
 changes nothing about training (RNG, inputs)."""
