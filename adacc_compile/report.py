@@ -7,6 +7,8 @@ gets its own folder ``graph_NNN`` (in compile order) holding::
     annotations.csv    one row per node (annotate pass)
     milp.lp            the MILP as HiGHS writes it
     plan.json          one record per candidate value
+    plan_table.txt     the same, one line per value the backward needs
+    plan_folded.txt    the plan folded by block (identical blocks, one row)
     forward.py         the rewritten forward graph
     backward.py        the rewritten backward graph
     memory_timeline.json / .png   simulated live bytes over the step
@@ -15,7 +17,9 @@ gets its own folder ``graph_NNN`` (in compile order) holding::
 The summary and plan also go through ``torch._logging.trace_structured``
 (artifacts ``adacc_summary`` / ``adacc_plan``, seen by ``TORCH_TRACE`` and
 tlparse). ``TORCH_LOGS=adacc_compile`` prints one INFO line per graph;
-``TORCH_LOGS=+adacc_compile`` adds the plan table.
+``TORCH_LOGS=+adacc_compile`` adds the plan table folded by block (one row
+per distinct block decision pattern), or with ``ADACC_PLAN_TABLE=full`` one
+row per value.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import json
 import logging
 import os
 from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from adacc_compile import compat
@@ -63,6 +68,7 @@ def plan_records(state: "PartitionState") -> list[dict[str, Any]]:
                 "op": ann.op,
                 "op_class": ann.op_class.value,
                 "layer": ann.layer,
+                "module_path": ann.module_path,
                 "bytes": cand.keep_bytes,
                 "required": cand.required,
                 "decision": decision.value,
@@ -90,6 +96,13 @@ def _codec_bound(codec: str | None) -> float | None:
     return get_codec(codec).error_bound
 
 
+def human_bytes(n: float) -> str:
+    """GiB, MiB or KiB, whichever reads best."""
+    if abs(n) >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
 def plan_table(records: list[dict[str, Any]]) -> str:
     """The saved-activation table, one line per candidate the backward needs."""
     lines = [f"{'name':<28} {'op':<34} {'layer':<14} {'MiB':>9} decision"]
@@ -102,6 +115,152 @@ def plan_table(records: list[dict[str, Any]]) -> str:
             f"{r['bytes'] / 2**20:>9.3f} {decision}"
         )
     return "\n".join(lines)
+
+
+FULL_TABLE_ENV = "ADACC_PLAN_TABLE"
+"""``ADACC_PLAN_TABLE=full`` makes ``TORCH_LOGS=+adacc_compile`` print the
+per-candidate table instead of the folded one (the dump has both)."""
+
+
+FREE_OPS = frozenset({
+    "view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "reshape", "_unsafe_view",
+    "alias", "detach", "getitem", "slice", "select", "as_strided", "split", "split_with_sizes", "unbind",
+})
+"""Ops whose values are views of another (no bytes of their own): counted,
+not listed, in the folded table."""
+
+SMALL_FRACTION = 32
+"""A value under 1/32 of its row's largest is counted, not named."""
+
+
+SHORT_OPS = {
+    "convert_element_type": "cast", "_to_copy": "cast",
+    "_scaled_dot_product_flash_attention_for_cpu": "sdpa", "_scaled_dot_product_flash_attention": "sdpa",
+    "_scaled_dot_product_efficient_attention": "sdpa", "_scaled_dot_product_cudnn_attention": "sdpa",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRow:
+    """One row of the folded table: blocks of one family that made the same
+    decisions, position by position (or the values outside any block)."""
+
+    family: str
+    indices: tuple[int, ...]
+    """Block numbers (empty for the values outside blocks)."""
+    items: tuple[tuple[str, str, int], ...]
+    """(value label, decision, bytes) per planned value, in graph order."""
+
+    def blocks(self, family_label: str) -> str:
+        if not self.indices:
+            return "outside blocks"
+        return f"{family_label} {_ranges(self.indices)}"
+
+    def decisions(self) -> str:
+        """``keep q_proj.mm, k_proj.mm; recompute act_fn.silu; int8_outlier
+        o_proj.mm``. Views (no memory of their own: deciding them is free)
+        and values under 1/`SMALL_FRACTION` of the row's largest are only
+        counted, so that the row names what the memory is."""
+        largest = max((nbytes for _, _, nbytes in self.items), default=0)
+        groups: dict[str, Counter[str]] = {}
+        views: Counter[str] = Counter()
+        small: Counter[str] = Counter()
+        for label, decision, nbytes in self.items:
+            if nbytes == 0 or label.rsplit(".", 1)[-1] in FREE_OPS:
+                views[decision] += 1
+            elif nbytes * SMALL_FRACTION < largest:
+                small[decision] += 1
+            else:
+                groups.setdefault(decision, Counter())[label] += 1
+        order = sorted(set(groups) | set(views) | set(small), key=lambda d: (d != "keep", d != "recompute", d))
+        parts = []
+        for decision in order:
+            labels = [f"{label}" + (f" x{n}" if n > 1 else "") for label, n in groups.get(decision, {}).items()]
+            labels += [f"+{small[decision]} small"] if small[decision] else []
+            labels += [f"+{views[decision]} views"] if views[decision] else []
+            parts.append(f"{decision} " + ", ".join(labels))
+        return "; ".join(parts)
+
+    def kept_bytes(self) -> int:
+        return sum(nbytes for _, decision, nbytes in self.items if decision == "keep")
+
+
+def fold_by_block(records: list[dict[str, Any]]) -> list[BlockRow]:
+    """Groups the plan records of each repeated block (``layer`` such as
+    "layers.3") and folds blocks of one family whose decisions are the same
+    at every position into one row; the values outside blocks get one row.
+    A block that decided differently (the last one, often, which the
+    backward meets first) keeps its own row."""
+    per_block: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        if r["decision"] != Decision.NONE.value:
+            per_block.setdefault(r.get("layer") or "", []).append(r)
+    rows: list[BlockRow] = []
+    patterns: dict[tuple[str, tuple], list[int]] = {}
+    for block, block_records in per_block.items():
+        family, _, index = block.rpartition(".")
+        items = tuple((_value_label(r, block), _decision_label(r), int(r["bytes"])) for r in block_records)
+        if not block or not index.isdigit():
+            rows.append(BlockRow(family=block, indices=(), items=items))
+            continue
+        patterns.setdefault((family, items), []).append(int(index))
+    folded = [BlockRow(family=f, indices=tuple(sorted(ix)), items=items) for (f, items), ix in patterns.items()]
+    folded.sort(key=lambda row: (row.family, row.indices[0]))
+    return folded + rows
+
+
+def folded_plan_table(records: list[dict[str, Any]], *, width: int = 110) -> str:
+    """The plan folded by block: one row per distinct block decision pattern
+    (``layers 0-30 (x31)``) and one for the values outside blocks, instead
+    of one row per candidate (thousands at 32 layers)."""
+    import textwrap
+
+    rows = fold_by_block(records)
+    labels = _family_labels({row.family for row in rows if row.indices})
+    lines = [f"{'blocks':<22} {'n':>3} {'kept MiB/block':>14}  decisions (per block)"]
+    for row in rows:
+        name = row.blocks(labels.get(row.family, row.family))
+        count = len(row.indices) or 1
+        text = row.decisions() or "-"
+        wrapped = textwrap.wrap(text, width=max(width - 43, 40)) or ["-"]
+        lines.append(f"{name:<22} {count:>3} {row.kept_bytes() / 2**20:>14.2f}  {wrapped[0]}")
+        lines.extend(f"{'':<42}  {more}" for more in wrapped[1:])
+    return "\n".join(lines)
+
+
+def _family_labels(families: set[str]) -> dict[str, str]:
+    """"model.model.layers" -> "layers", unless two families end alike."""
+    last = Counter(f.rsplit(".", 1)[-1] for f in families)
+    return {f: f.rsplit(".", 1)[-1] if last[f.rsplit(".", 1)[-1]] == 1 else f for f in families}
+
+
+def _ranges(indices: tuple[int, ...]) -> str:
+    """(0, 1, 2, 5, 7, 8) -> "0-2, 5, 7-8"."""
+    parts, start, prev = [], indices[0], indices[0]
+    for i in (*indices[1:], None):
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(parts)
+
+
+def _value_label(record: dict[str, Any], block: str) -> str:
+    """The value by the module that made it, inside its block, and its op:
+    "layers.3.self_attn.q_proj" + "aten.mm" -> "q_proj.mm"."""
+    parts = str(record["op"]).split(".")
+    op = parts[1] if len(parts) > 1 and parts[0] in ("aten", "prims") else parts[0]
+    op = SHORT_OPS.get(op, op)
+    module = str(record.get("module_path") or "")
+    inner = module[len(block):].lstrip(".") if block and module.startswith(block) else module
+    owner = inner.rsplit(".", 1)[-1] if inner else ""
+    return f"{owner}.{op}" if owner else op
+
+
+def _decision_label(record: dict[str, Any]) -> str:
+    return record["codec"] if record["decision"] == Decision.COMPRESS.value and record["codec"] else record["decision"]
 
 
 def summarize(state: "PartitionState") -> dict[str, Any]:
@@ -215,7 +374,13 @@ def publish(state: "PartitionState") -> None:
     compat.log_json_artifact("adacc_plan", records)
     log.info(summary_line(summary))
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("adacc plan, graph %d:\n%s", state.graph_index, plan_table(records))
+        if os.environ.get(FULL_TABLE_ENV, "").lower() == "full":
+            log.debug("adacc plan, graph %d:\n%s", state.graph_index, plan_table(records))
+        else:
+            log.debug(
+                "adacc plan, graph %d (folded by block; %s=full for one row per value):\n%s",
+                state.graph_index, FULL_TABLE_ENV, folded_plan_table(records),
+            )
     if folder is not None:
         write_dumps(state, folder, summary, records)
 
@@ -254,6 +419,8 @@ def write_dumps(
     )
     write_lp(problem, os.path.join(folder, "milp.lp"))
     _write(folder, "plan.json", json.dumps(records, indent=1))
+    _write(folder, "plan_table.txt", plan_table(records) + "\n")
+    _write(folder, "plan_folded.txt", folded_plan_table(records) + "\n")
     assert state.fw_module is not None and state.bw_module is not None
     _write(folder, "forward.py", state.fw_module.print_readable(print_output=False))
     _write(folder, "backward.py", state.bw_module.print_readable(print_output=False))
