@@ -106,6 +106,7 @@ def budget_stage(state: PartitionState) -> None:
     assert state.reduction is not None and state.candidates is not None
     assert state.info is not None
     saved = compat.default_saved_values(state.joint, state.info)
+    state.default_saved_names = frozenset(n.name for n in saved)
     state.default_plan = default_plan(state.candidates.problem, (n.name for n in saved))
     state.budget = resolve_budget(
         state.reduction.problem,

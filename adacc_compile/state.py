@@ -51,6 +51,9 @@ class PartitionState:
     reduction: BlockReduction | None = None
     default_plan: PlanSolution | None = None
     """PyTorch's default partitioner's choice as a plan of the full problem."""
+    default_saved_names: frozenset[str] = frozenset()
+    """The values that choice saves, as PyTorch made it (``adacc plan``
+    splits the graph with them to compare)."""
     budget: BudgetResolution | None = None
     outcome: PlanOutcome | None = None
     solution: PlanSolution | None = None
