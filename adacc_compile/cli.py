@@ -1,0 +1,151 @@
+"""``adacc`` command line: plan a model before renting the GPU.
+
+    adacc plan MODEL --gpu h200 --budget 60GiB --batch 4 --seq 4096
+        [--dtype bf16] [--accuracy lossless|balanced|aggressive] [--tp N] [--dump DIR]
+
+MODEL: a ``config.json`` path, a preset (``llama-2-7b``), an architecture
+transformers ships (``llama``) or ``module:factory`` (`model_source`). The
+model is traced under fake tensors and planned with the GPU's built-in
+profile (`plan_preview`); printed: the plan folded by block, the predicted
+peaks against no checkpointing, full activation checkpointing and
+PyTorch's memory-budget partitioner on the same graph, the estimated step
+time, and, when the budget cannot be met, the smallest budget that can be
+and the largest batch that fits (`batch_search`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from typing import Sequence, TextIO
+
+import torch
+
+from adacc_compile.config import AdaccConfig
+from adacc_compile.model_source import ModelNotFound, ModelSource, resolve_model
+from adacc_compile.passes.device_profile import BUILTIN_PROFILES
+
+ACCURACY_MODES = ("lossless", "balanced", "aggressive")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="adacc", description="adacc: plan saved activations of training.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    plan = commands.add_parser(
+        "plan", help="trace MODEL under fake tensors and plan it for a GPU",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    plan.add_argument("model", metavar="MODEL", help="config.json path, preset, transformers architecture, or module:factory")
+    plan.add_argument("--gpu", required=True, choices=sorted(BUILTIN_PROFILES), help="built-in GPU profile (cost model)")
+    plan.add_argument("--budget", required=True, help="activation peak budget: bytes (60GiB, 800MB) or a ratio in (0, 1]")
+    plan.add_argument("--batch", type=int, required=True, help="micro-batch size (sequences)")
+    plan.add_argument("--seq", type=int, required=True, help="sequence length (tokens)")
+    plan.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    plan.add_argument("--accuracy", default="lossless", choices=ACCURACY_MODES)
+    plan.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: plan one rank's shard")
+    plan.add_argument("--dump", metavar="DIR", help="write the dump artifacts and a strategy memory plot to DIR")
+    plan.add_argument("--solver-time-limit", type=float, default=30.0, help="HiGHS time limit, seconds")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run_plan(args, sys.stdout)
+    except (ModelNotFound, ValueError) as error:
+        print(f"adacc plan: error: {error}", file=sys.stderr)
+        return 2
+
+
+def run_plan(args: argparse.Namespace, out: TextIO) -> int:
+    from adacc_compile import batch_search, plan_preview, plan_summary
+
+    if args.batch < 1 or args.seq < 1 or args.tp < 1:
+        raise ValueError("--batch, --seq and --tp must be positive")
+    source = resolve_model(args.model, tp=args.tp)
+    options = {
+        "memory_budget": args.budget,
+        "device_profile": args.gpu,
+        "accuracy": args.accuracy,
+        "solver_time_limit_s": args.solver_time_limit,
+        "calibrate_codecs": False,  # fake tensors: nothing to calibrate on
+        "on_infeasible": "warn",
+    }
+    if args.dump:
+        options["dump_dir"] = args.dump
+    config = AdaccConfig.from_options(options)
+    minimum_config = AdaccConfig.from_options({**options, "dump_dir": None, "memory_budget": 2})
+    progress = Progress(out)
+    dtype = plan_preview.DTYPES[args.dtype]
+    progress.start(f"tracing {source.label} (batch {args.batch}, seq {args.seq}) under fake tensors")
+    traced = plan_preview.trace(source, batch=args.batch, seq=args.seq, dtype=dtype)
+    progress.done()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*reachable minimum.*")
+        warnings.filterwarnings("ignore", message="The hashes produced for directed graphs changed")
+        result = plan_preview.preview(traced, config, on_phase=lambda phase: progress.switch(phase))
+        progress.done()
+        search = None
+        if not result.fits:
+            progress.start("searching the largest batch that fits")
+            def minimum_at(batch: int) -> int:
+                return _reachable_minimum(source, batch, args.seq, dtype, minimum_config)
+
+            clamped = result.summary["budget_clamped_to_minimum"]
+            search = batch_search.largest_batch(
+                minimum_at,
+                asked_batch=args.batch,
+                minimum_bytes=int(result.summary["predicted_activation_peak_bytes"]) if clamped else minimum_at(args.batch),
+                budget_bytes=int(result.summary["requested_budget_bytes"]),
+            )
+            progress.done()
+    text = plan_summary.report_text(source=source, args=args, result=result, search=search)
+    print(text, file=out)
+    if args.dump:
+        plan_summary.write_dump(args.dump, text, result, search)
+        print(f"\nartifacts: {args.dump}", file=out)
+    return 0
+
+
+def _reachable_minimum(source: ModelSource, batch: int, seq: int, dtype: torch.dtype, config: AdaccConfig) -> int:
+    """The lowest activation peak a plan reaches at ``batch``: the simulated
+    peak of the plan made for a budget of two bytes, which the budget stage
+    clamps to the reachable minimum (the split graphs' simulation, not the
+    model's bound, so it is what that plan would hold)."""
+    from adacc_compile import plan_preview
+
+    state = plan_preview.plan(plan_preview.trace(source, batch=batch, seq=seq, dtype=dtype), config)
+    return int(state.report["summary"]["predicted_activation_peak_bytes"])
+
+
+class Progress:
+    """Phase lines with elapsed seconds, only when ``out`` is a terminal (a
+    log or a pipe gets only the report)."""
+
+    def __init__(self, out: TextIO):
+        self.out = out
+        self.enabled = bool(getattr(out, "isatty", lambda: False)())
+        self.phase = ""
+        self.started = 0.0
+
+    def start(self, phase: str) -> None:
+        self.phase, self.started = phase, time.perf_counter()
+        if self.enabled:
+            print(f"  {phase} ...", end="", flush=True, file=self.out)
+
+    def switch(self, phase: str) -> None:
+        if self.phase:
+            self.done()
+        self.start(phase)
+
+    def done(self) -> None:
+        if self.enabled and self.phase:
+            print(f" {time.perf_counter() - self.started:.1f} s", flush=True, file=self.out)
+        self.phase = ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

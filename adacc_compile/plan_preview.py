@@ -1,0 +1,238 @@
+"""Planning a model without a GPU: trace it under fake tensors, run adacc's
+pipeline on its joint graph, and put the plan next to what the usual
+strategies would hold on the same graph (``adacc plan``).
+
+Nothing is compiled or run: the model is built under fake tensors
+(`compat.fake_tensors`), Dynamo and AOTAutograd trace it to the joint graph
+``torch.compile`` would partition (`compat.capture_joint_graph`), and the
+pipeline plans it with a built-in GPU profile as the cost model. Each
+baseline strategy is a set of saved values on that same graph, split into
+forward and backward by PyTorch's extractor and simulated by adacc's memory
+simulator (`memory_sim.simulate_step`, Inductor's fusion), so all of them
+are measured by one ruler:
+
+* **no checkpointing**: Inductor's default partitioner (PyTorch's min-cut
+  choice);
+* **full AC**: every value inside a repeated block recomputed, only what
+  flows between blocks kept (activation checkpointing of each block); what
+  lies outside the blocks as the default partitioner does it;
+* **PyTorch budget**: PyTorch's memory-budget partitioner
+  (``activation_memory_budget``) at the ratio of adacc's budget to the
+  default's activation peak (left out where that ratio is 1 or more: the
+  default's own choice then).
+
+Step times are the roofline estimate of the joint graph on the GPU profile
+plus each plan's added time by adacc's cost model (recomputation, codecs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+from adacc_compile import compat
+from adacc_compile.config import AdaccConfig
+from adacc_compile.model_source import ModelSource
+from adacc_compile.passes.default_plan import default_plan
+from adacc_compile.passes.fusion import Realization
+from adacc_compile.passes.memory_sim import MemoryTimeline, simulate_step
+from adacc_compile.passes.plan_problem import PlanProblem, PlanSolution, added_seconds, check_solution
+from adacc_compile.passes.policies import recompute_all_policy
+from adacc_compile.passes.rewrite import saved_values_for, split_joint_graph
+from adacc_compile.pipeline import run_pipeline
+from adacc_compile.state import PartitionState
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Traced:
+    """One traced batch shape of a model."""
+
+    joint: compat.CapturedJoint
+    batch: int
+    seq: int
+    parameter_bytes: int
+    trace_seconds: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Strategy:
+    """One way of choosing saved values, simulated on the traced graph."""
+
+    name: str
+    saved_bytes: int
+    activation_peak_bytes: int
+    step_peak_bytes: int
+    """The simulated step (activations, gradients, temporaries); parameters
+    are graph inputs and not in it."""
+    step_seconds: float
+    timeline: MemoryTimeline
+
+
+@dataclass(slots=True, kw_only=True)
+class Preview:
+    traced: Traced
+    state: PartitionState
+    """The adacc pipeline's state for the traced graph (plan, budget, split)."""
+    strategies: list[Strategy]
+    """adacc first, then the baselines."""
+    plan_seconds: float
+    compare_seconds: float
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.state.report["summary"]
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.summary["activation_peak_fits_budget"]) and not self.summary["budget_clamped_to_minimum"]
+
+
+def trace(source: ModelSource, *, batch: int, seq: int, dtype: torch.dtype) -> Traced:
+    """The model's joint graph at ``(batch, seq)`` token ids, built and traced
+    under fake tensors in ``dtype``."""
+    start = time.perf_counter()
+    previous = torch.get_default_dtype()
+    with compat.fake_tensors():
+        torch.set_default_dtype(dtype)
+        try:
+            model = source.build()
+        finally:
+            torch.set_default_dtype(previous)
+        ids = torch.zeros(batch, seq, dtype=torch.long)
+        parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    joint = compat.capture_joint_graph(model, (ids, ids))
+    if not compat.joint_outputs_scalar(joint):
+        raise RuntimeError(
+            f"{source.label}: Dynamo's first graph does not end in the loss (a graph break before it); "
+            "adacc plan needs the step as one graph (TORCH_LOGS=graph_breaks shows where it breaks)"
+        )
+    return Traced(joint=joint, batch=batch, seq=seq, parameter_bytes=parameter_bytes,
+                  trace_seconds=time.perf_counter() - start)
+
+
+def plan(traced: Traced, config: AdaccConfig) -> PartitionState:
+    """adacc's whole pipeline on the traced joint graph (as `AdaccPartitioner`
+    runs it, Inductor's fusion assumed), keeping the state."""
+    joint = traced.joint
+    state = PartitionState(
+        joint=joint.gm,
+        config=config,
+        num_fwd_outputs=int(joint.kwargs["num_fwd_outputs"]),
+        static_lifetime_input_indices=list(joint.kwargs.get("static_lifetime_input_indices") or []),
+        mode=Realization.INDUCTOR,
+    )
+    return run_pipeline(state)
+
+
+def preview(traced: Traced, config: AdaccConfig, *, on_phase: Callable[[str], None] = lambda _: None) -> Preview:
+    """Plans ``traced`` with adacc and simulates the baselines on the same graph."""
+    start = time.perf_counter()
+    on_phase("planning")
+    state = plan(traced, config)
+    planned = time.perf_counter()
+    on_phase("comparing strategies")
+    strategies = [_adacc_strategy(state), *baselines(state)]
+    return Preview(traced=traced, state=state, strategies=strategies, plan_seconds=planned - start,
+                   compare_seconds=time.perf_counter() - planned)
+
+
+def _adacc_strategy(state: PartitionState) -> Strategy:
+    s = state.report["summary"]
+    assert state.timeline is not None
+    return Strategy(
+        name=f"adacc ({state.config.accuracy})",
+        saved_bytes=s["planned_saved_bytes"],
+        activation_peak_bytes=s["predicted_activation_peak_bytes"],
+        step_peak_bytes=s["predicted_peak_bytes"],
+        step_seconds=s["estimated_step_seconds"] + s["estimated_added_seconds"],
+        timeline=state.timeline,
+    )
+
+
+def baselines(state: PartitionState) -> list[Strategy]:
+    """No checkpointing, full AC and PyTorch's budget partitioner, each split
+    and simulated on the pipeline's joint graph."""
+    assert state.candidates is not None and state.info is not None and state.budget is not None
+    problem = state.candidates.problem
+    default_saved = set(state.default_saved_names)
+    ratio = state.budget.budget_bytes / max(state.budget.default_peak_bytes, 1)
+    out = [
+        _simulate_saved(state, "no checkpointing (Inductor default)", default_saved),
+        _simulate_plan(state, "full AC (every block)", full_ac_plan(problem, default_saved)),
+    ]
+    if ratio < 1.0:  # at 1 it is the default partitioner's own choice
+        torch_saved = {n.name for n in compat.default_saved_values(state.joint, state.info, memory_budget=ratio)}
+        out.append(_simulate_saved(state, f"PyTorch memory budget {ratio:.2f}", torch_saved))
+    return out
+
+
+def full_ac_plan(problem: PlanProblem, default_saved: set[str]) -> PlanSolution:
+    """Activation checkpointing of every block: what lies in a block is
+    recomputed (what flows between blocks cannot be, `structure`); outside
+    the blocks the default partitioner's choice. Where that mix is not a
+    legal plan, everything legal is recomputed."""
+    everything = recompute_all_policy(problem, None)  # type: ignore[arg-type]
+    outside = default_plan(problem, default_saved)
+    if outside is None:
+        return everything
+    block_of = {c.name: c.block for c in problem.candidates}
+    choices = {n: c for n, c in outside.choices.items() if not block_of.get(n)}
+    choices.update({n: c for n, c in everything.choices.items() if block_of.get(n)})
+    mixed = dataclasses.replace(everything, choices=choices)
+    unbudgeted = dataclasses.replace(problem, budget_bytes=None, boundary_budget_bytes=None)
+    return everything if check_solution(unbudgeted, mixed) else mixed
+
+
+def _base_seconds(state: PartitionState) -> float:
+    return float(state.report["summary"]["estimated_step_seconds"])
+
+
+def _added(state: PartitionState, solution: PlanSolution | None) -> float:
+    assert state.candidates is not None and state.budget is not None
+    if solution is None:
+        return 0.0
+    return max(added_seconds(state.candidates.problem, solution) - state.budget.fastest_seconds, 0.0)
+
+
+def _simulate_saved(state: PartitionState, name: str, saved: set[str]) -> Strategy:
+    """A saved set chosen by PyTorch: split as PyTorch splits it; its time
+    from the same set as an adacc plan."""
+    assert state.candidates is not None and state.info is not None
+    nodes = [
+        n for n in state.joint.graph.nodes
+        if n.name in saved or (n in state.info.forward_nodes and (compat.is_primal(n) or compat.is_sym_node(n)))
+    ]
+    as_plan = default_plan(state.candidates.problem, saved)
+    return _strategy(state, name, nodes, _added(state, as_plan))
+
+
+def _simulate_plan(state: PartitionState, name: str, solution: PlanSolution) -> Strategy:
+    assert state.candidates is not None and state.info is not None
+    nodes = saved_values_for(state.joint, state.info, state.candidates, solution)
+    return _strategy(state, name, nodes, _added(state, solution))
+
+
+def _strategy(state: PartitionState, name: str, saved: list[fx.Node], added: float) -> Strategy:
+    assert state.info is not None
+    with compat.lazy_graph_modules():
+        fw, bw = split_joint_graph(state.joint, state.info, saved, num_fwd_outputs=state.num_fwd_outputs)
+        timeline = simulate_step(
+            fw, bw, num_fwd_outputs=state.num_fwd_outputs, forward_names=state.forward_names,
+            mode=Realization.INDUCTOR,
+        )
+    return Strategy(
+        name=name,
+        saved_bytes=timeline.saved_bytes,
+        activation_peak_bytes=timeline.activation_peak_bytes,
+        step_peak_bytes=timeline.peak_bytes,
+        step_seconds=_base_seconds(state) + added,
+        timeline=timeline,
+    )
+

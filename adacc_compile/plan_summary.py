@@ -1,0 +1,140 @@
+"""What ``adacc plan`` prints and, with ``--dump``, writes next to the usual
+per-graph artifacts: the strategies side by side (``strategies.json``), the
+report text (``report.txt``) and their simulated memory over the step
+(``strategies_memory.png``, with matplotlib)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from adacc_compile.batch_search import BatchSearch
+from adacc_compile.model_source import ModelSource
+from adacc_compile.passes.device_profile import BUILTIN_PROFILES
+from adacc_compile.plan_preview import Preview, Strategy
+from adacc_compile.report import folded_plan_table, human_bytes
+
+
+gib = human_bytes
+
+
+def report_text(*, source: ModelSource, args: argparse.Namespace, result: Preview,
+                search: BatchSearch | None) -> str:
+    s = result.summary
+    traced = result.traced
+    budget = int(s["requested_budget_bytes"])
+    lines = [
+        f"adacc plan: {source.description}",
+        f"  batch {traced.batch} x seq {traced.seq}, {args.dtype}, parameters {gib(traced.parameter_bytes)}, "
+        f"GPU profile {args.gpu} ({BUILTIN_PROFILES[args.gpu].name}), accuracy {args.accuracy}",
+        f"  budget (activation peak): {gib(budget)}" + (f" (--budget {args.budget})" if not args.budget[-1:].isalpha() else ""),
+        f"  traced in {traced.trace_seconds:.1f} s ({len(traced.joint.gm.graph.nodes)} joint-graph nodes), "
+        f"planned in {result.plan_seconds:.1f} s (MILP {s['solve_seconds']:.2f} s, {s['solver_status']}), "
+        f"strategies simulated in {result.compare_seconds:.1f} s",
+    ]
+    if source.max_positions is not None and traced.seq > source.max_positions:
+        lines.append(f"  note: seq {traced.seq} exceeds the config's max_position_embeddings {source.max_positions}")
+    lines += ["", "Plan, folded by block (identical decisions share a row):", folded_plan_table(result.state.report["plan"])]
+    lines += ["", strategy_table(result.strategies, budget, traced.parameter_bytes)]
+    lines += ["", *verdict(result, search, budget)]
+    return "\n".join(lines)
+
+
+def strategy_table(strategies: list[Strategy], budget: int, parameter_bytes: int) -> str:
+    """The strategies on the same graph, adacc first."""
+    base = next((x for x in strategies if x.name.startswith("no checkpointing")), strategies[0])
+    lines = [
+        "Predicted memory and time on the same graph (adacc's memory simulator, Inductor fusion):",
+        f"  {'strategy':<36} {'saved':>10} {'act. peak':>10} {'step peak':>10} {'+ weights':>10} "
+        f"{'est. step':>10} {'vs no AC':>8}  fits",
+    ]
+    for x in strategies:
+        lines.append(
+            f"  {x.name:<36} {gib(x.saved_bytes):>10} {gib(x.activation_peak_bytes):>10} {gib(x.step_peak_bytes):>10} "
+            f"{gib(x.step_peak_bytes + parameter_bytes):>10} {1e3 * x.step_seconds:>8.1f}ms "
+            f"{x.step_seconds / max(base.step_seconds, 1e-12):>7.2f}x  {'yes' if x.activation_peak_bytes <= budget else 'no'}"
+        )
+    lines.append(
+        "  act. peak: what the budget bounds (forward values alive for the backward, recomputed and decompressed "
+        "values); step peak: the whole simulated step (activations, gradients, temporaries), parameters not "
+        "included; + weights: step peak plus the parameters (no optimizer state); est. step: roofline time of "
+        "the step on the GPU profile plus each plan's recomputation and codec time"
+    )
+    return "\n".join(lines)
+
+
+def verdict(result: Preview, search: BatchSearch | None, budget: int) -> list[str]:
+    s = result.summary
+    adacc = result.strategies[0]
+    if result.fits:
+        return [
+            f"Fits: adacc's activation peak {gib(adacc.activation_peak_bytes)} is within the budget {gib(budget)}; "
+            f"estimated step {1e3 * adacc.step_seconds:.1f} ms on this GPU profile "
+            f"(+{1e3 * s['estimated_added_seconds']:.1f} ms recomputation and codecs)."
+        ]
+    assert search is not None
+    lines = [
+        f"Does not fit: at batch {result.traced.batch} no plan reaches {gib(budget)}; the smallest budget that can be "
+        f"met is {gib(search.minimum_bytes)} (the reachable minimum: everything legal recomputed or compressed).",
+    ]
+    if search.largest is None:
+        lines.append(f"No batch fits {gib(budget)}: batch 1 needs {gib(search.minimum_by_batch.get(1, 0))}.")
+    else:
+        bound = "" if search.exact else " (at least: the search stopped before planning the next batch)"
+        lines.append(f"Largest batch that fits {gib(budget)}: {search.largest}{bound}.")
+    lines.append(f"  How: {search.explain()}.")
+    return lines
+
+
+def write_dump(folder: str, text: str, result: Preview, search: BatchSearch | None) -> None:
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "report.txt"), "w") as f:
+        f.write(text + "\n")
+    data: dict[str, Any] = {
+        "strategies": [
+            {"name": x.name, "saved_bytes": x.saved_bytes, "activation_peak_bytes": x.activation_peak_bytes,
+             "step_peak_bytes": x.step_peak_bytes, "step_seconds": x.step_seconds}
+            for x in result.strategies
+        ],
+        "parameter_bytes": result.traced.parameter_bytes,
+        "batch": result.traced.batch,
+        "seq": result.traced.seq,
+        "trace_seconds": result.traced.trace_seconds,
+        "plan_seconds": result.plan_seconds,
+        "search": None if search is None else {
+            "minimum_bytes": search.minimum_bytes, "largest_batch": search.largest, "exact": search.exact,
+            "minimum_by_batch": search.minimum_by_batch,
+        },
+    }
+    with open(os.path.join(folder, "strategies.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    plot_strategies(result, os.path.join(folder, "strategies_memory.png"))
+
+
+def plot_strategies(result: Preview, path: str) -> bool:
+    """Simulated activation memory (what the budget bounds) over the step, one line per strategy
+    (x: fraction of the step, since each split has its own node count).
+    Skipped, returning False, without matplotlib (a dev dependency)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for x in result.strategies:
+        events = x.timeline.events
+        n = max(len(events) - 1, 1)
+        ax.plot([i / n for i in range(len(events))], [e.activation_bytes / 2**30 for e in events], label=x.name, linewidth=1)
+    ax.axhline(result.summary["requested_budget_bytes"] / 2**30, color="gray", linestyle="--", label="budget (activations)")
+    ax.set_xlabel("step (forward, then backward), fraction of its ops")
+    ax.set_ylabel("simulated activation GiB")
+    ax.set_title(f"adacc plan: batch {result.traced.batch}, seq {result.traced.seq}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True

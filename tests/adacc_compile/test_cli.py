@@ -1,0 +1,167 @@
+"""``adacc plan``: model routes, the printed report against the dumped
+summary, errors that name the problem, and the budget-cannot-be-met path."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from adacc_compile import batch_search, cli
+from adacc_compile.model_source import ModelNotFound, resolve_model
+from adacc_compile.plan_summary import gib
+
+TINY_LLAMA = {
+    "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
+    "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 64, "max_position_embeddings": 64,
+}
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return str(path)
+
+
+def _plan(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["plan", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_tiny_config_folded_table_matches_dumped_summary(tiny_config, tmp_path, capsys):
+    dump = tmp_path / "dump"
+    code, out, err = _plan(capsys, tiny_config, "--gpu", "h100", "--budget", "0.5", "--batch", "2",
+                           "--seq", "16", "--dump", str(dump))
+    assert code == 0, err
+    summary = json.loads((dump / "graph_000" / "summary.json").read_text())
+    plan = json.loads((dump / "graph_000" / "plan.json").read_text())
+    strategies = json.loads((dump / "strategies.json").read_text())["strategies"]
+    # Folded: the three identical layers share one row, far fewer rows than values.
+    folded = (dump / "graph_000" / "plan_folded.txt").read_text()
+    assert "layers 0-2 " in out and "layers 0-2 " in folded
+    assert len(folded.splitlines()) < sum(1 for r in plan if r["decision"] != "none")
+    assert (dump / "graph_000" / "plan_table.txt").exists()
+    # The printed numbers are the dumped summary's.
+    adacc = strategies[0]
+    assert adacc["activation_peak_bytes"] == summary["predicted_activation_peak_bytes"]
+    assert adacc["step_peak_bytes"] == summary["predicted_peak_bytes"]
+    row = next(line for line in out.splitlines() if line.strip().startswith("adacc (lossless)"))
+    assert gib(summary["predicted_activation_peak_bytes"]) in row
+    assert gib(summary["requested_budget_bytes"]) in out
+    names = [s["name"] for s in strategies]
+    assert names[1].startswith("no checkpointing") and names[2].startswith("full AC")
+    assert any(n.startswith("PyTorch memory budget") for n in names)
+    full_ac = strategies[2]
+    assert full_ac["activation_peak_bytes"] <= strategies[1]["activation_peak_bytes"]
+    assert ("Fits:" in out) == summary["activation_peak_fits_budget"]
+    pytest.importorskip("matplotlib")
+    assert (dump / "strategies_memory.png").stat().st_size > 0
+
+
+def test_module_factory_route(capsys):
+    code, out, err = _plan(capsys, "adacc_cli_factories:tiny_gpt", "--gpu", "h200", "--budget", "0.6",
+                           "--batch", "2", "--seq", "16", "--dtype", "fp32")
+    assert code == 0, err
+    assert out.startswith("adacc plan: adacc_cli_factories:tiny_gpt (user factory)")
+    assert "blocks 0-2 " in out  # GPT's blocks, folded
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("no-such-model", "unknown model 'no-such-model'"),
+        ("no_such_module_xyz:factory", "cannot import 'no_such_module_xyz'"),
+        ("adacc_cli_factories:missing", "has no callable 'missing'"),
+    ],
+)
+def test_unknown_model_is_a_clear_error(model, message, capsys):
+    code, out, err = _plan(capsys, model, "--gpu", "h100", "--budget", "1GiB", "--batch", "1", "--seq", "8")
+    assert code == 2 and out == ""
+    assert message in err
+
+
+def test_factory_returning_no_module_is_a_clear_error(capsys):
+    code, _, err = _plan(capsys, "adacc_cli_factories:not_a_module", "--gpu", "h100", "--budget", "1GiB",
+                         "--batch", "1", "--seq", "8")
+    assert code == 2 and "returned int, not an nn.Module" in err
+
+
+def test_missing_transformers_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import fails
+    with pytest.raises(ModelNotFound, match=r"pip install 'adacc-compile\[hf\]'"):
+        resolve_model("llama-2-7b")
+
+
+def test_presets_and_tensor_parallel_shard():
+    pytest.importorskip("transformers")
+    assert "hidden 4096" in resolve_model("llama-2-7b").description
+    shard = resolve_model("llama-2-7b", tp=4).description
+    assert "heads 8" in shard and "FFN 2752" in shard and "TP shard 1/4" in shard
+    with pytest.raises(ModelNotFound, match="does not divide"):
+        resolve_model("llama-2-7b", tp=3)
+
+
+def test_batch_search_on_a_linear_minimum():
+    """m(b) = 10 + 3 b bytes, budget 40: batch 10 fits (40), 11 does not."""
+    calls = []
+
+    def minimum_at(batch):
+        calls.append(batch)
+        return 10 + 3 * batch
+
+    search = batch_search.largest_batch(minimum_at, asked_batch=16, minimum_bytes=58, budget_bytes=40)
+    assert search.largest == 10 and search.exact
+    assert len(calls) <= batch_search.MAX_PLANS
+    assert "verified by tracing and planning" in search.explain()
+    nothing = batch_search.largest_batch(lambda b: 100 * b, asked_batch=4, minimum_bytes=400, budget_bytes=50)
+    assert nothing.largest is None and nothing.exact
+
+
+def test_budget_cannot_be_met_names_smallest_budget_and_largest_batch(tiny_config, capsys, monkeypatch):
+    """The report's infeasible path, fast: the plan is made for real, then
+    taken as not fitting, and every other batch's minimum comes from a known
+    line (the real search, which re-traces, is the slow test below)."""
+    from adacc_compile import plan_preview
+
+    monkeypatch.setattr(plan_preview.Preview, "fits", property(lambda self: False))
+    planned = []
+
+    def minimum_at(source, batch, seq, dtype, config):
+        planned.append(batch)
+        return (batch + 0.5) * 2**30  # bytes: batch 4 needs 4.5 GiB
+
+    monkeypatch.setattr(cli, "_reachable_minimum", minimum_at)
+    code, out, err = _plan(capsys, tiny_config, "--gpu", "h100", "--budget", "4.5GiB", "--batch", "8", "--seq", "16")
+    assert code == 0, err
+    assert "Does not fit: at batch 8" in out
+    assert "the smallest budget that can be met is 8.50 GiB" in out
+    assert "Largest batch that fits 4.50 GiB: 4." in out
+    assert "linear in the batch" in out and "verified by tracing and planning" in out
+    assert 4 in planned and 5 in planned
+
+
+TINY_TWO_LAYERS = {**TINY_LLAMA, "num_hidden_layers": 2}
+
+
+@pytest.mark.slow
+def test_budget_cannot_be_met_real_search(tmp_path, capsys):
+    """Re-traces and plans each guessed batch (about a minute on two shared
+    cores: the reachable minimum's solve dominates)."""
+    pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_TWO_LAYERS))
+    code, out, err = _plan(capsys, str(path), "--gpu", "h100", "--budget", "60KiB", "--batch", "8", "--seq", "8")
+    assert code == 0, err
+    assert re.search(r"the smallest budget that can be met is \d+\.\d KiB", out)
+    assert re.search(r"Largest batch that fits 60\.0 KiB: [1-7]\.", out), out[-1500:]
+
+
+def test_python_dash_m_runs_the_cli():
+    result = subprocess.run([sys.executable, "-m", "adacc_compile", "plan", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "--gpu" in result.stdout
