@@ -165,3 +165,28 @@ def test_budget_cannot_be_met_real_search(tmp_path, capsys):
 def test_python_dash_m_runs_the_cli():
     result = subprocess.run([sys.executable, "-m", "adacc_compile", "plan", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "--gpu" in result.stdout
+
+
+class _Terminal:
+    def __init__(self, tty: bool):
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> None:
+        self.text += text
+
+    def flush(self) -> None:
+        pass
+
+
+def test_progress_only_on_a_terminal():
+    for tty in (True, False):
+        out = _Terminal(tty)
+        progress = cli.Progress(out)
+        progress.start("tracing")
+        progress.switch("planning")
+        progress.done()
+        assert ("tracing ..." in out.text and "planning ..." in out.text and " s\n" in out.text) == tty
+        assert out.text == "" or tty
