@@ -124,14 +124,16 @@ def plot_strategies(result: Preview, path: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    top = max(x.activation_peak_bytes for x in result.strategies)
+    unit, scale = ("GiB", 2**30) if top >= 2**30 else ("MiB", 2**20)
     fig, ax = plt.subplots(figsize=(9, 4))
     for x in result.strategies:
         events = x.timeline.events
         n = max(len(events) - 1, 1)
-        ax.plot([i / n for i in range(len(events))], [e.activation_bytes / 2**30 for e in events], label=x.name, linewidth=1)
-    ax.axhline(result.summary["requested_budget_bytes"] / 2**30, color="gray", linestyle="--", label="budget (activations)")
+        ax.plot([i / n for i in range(len(events))], [e.activation_bytes / scale for e in events], label=x.name, linewidth=1)
+    ax.axhline(result.summary["requested_budget_bytes"] / scale, color="gray", linestyle="--", label="budget (activations)")
     ax.set_xlabel("step (forward, then backward), fraction of its ops")
-    ax.set_ylabel("simulated activation GiB")
+    ax.set_ylabel(f"simulated activation {unit}")
     ax.set_title(f"adacc plan: batch {result.traced.batch}, seq {result.traced.seq}")
     ax.legend(fontsize=8)
     fig.tight_layout()
