@@ -93,6 +93,27 @@ def _no_caches() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _each_variant_compiled_once(count: int) -> Iterator[None]:
+    """Every variant is a deep copy of one model, so all of them share one
+    ``forward`` code object and Dynamo's per-code-object recompile limit (8):
+    past it a copy silently runs eagerly, and resetting Dynamo between
+    variants drops the ones compiled before, which then recompile at their
+    next step (outside the per-variant config a PyTorch-budget variant
+    compiled under). So: one reset before the run, room for ``count``
+    compiled copies, and a hard error instead of a silent eager fallback."""
+    import torch._dynamo.config as dynamo_config
+
+    limits = {
+        "recompile_limit": count + 8,
+        "accumulated_recompile_limit": 16 * (count + 8),
+        "fail_on_recompile_limit_hit": True,
+    }
+    torch._dynamo.reset()
+    with dynamo_config.patch(**{k: v for k, v in limits.items() if hasattr(dynamo_config, k)}):
+        yield
+
+
 @dataclass(slots=True)
 class _Runner:
     variant: Variant
@@ -117,8 +138,9 @@ class _Runner:
         # Inductor's fallback_random), so lossless variants agree on the loss.
         torch.manual_seed(seed)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.fn(*batch)
-        loss.backward()
+        with self.compile_context():
+            loss = self.fn(*batch)
+            loss.backward()
         self.optimizer.step()
         return float(loss.detach())
 
@@ -152,13 +174,11 @@ def run_variants(
 ) -> list[VariantResult]:
     """Trains every variant on ``batches`` (one step each, first step
     compiles), then measures peak memory and interleaved step times."""
-    with _no_caches():
+    with _no_caches(), _each_variant_compiled_once(len(variants)):
         runners = [_make_runner(v, base_model, lr) for v in variants]
         for runner in runners:
-            torch._dynamo.reset()
             start = time.perf_counter()
-            with runner.compile_context():
-                runner.result.losses.append(runner.train_step(batches[0], seed=0))
+            runner.result.losses.append(runner.train_step(batches[0], seed=0))
             runner.result.compile_seconds = time.perf_counter() - start
             _collect_plan(runner)
         for step, batch in enumerate(batches[1:], start=1):
@@ -167,7 +187,8 @@ def run_variants(
         for runner in runners:
             runner.optimizer.zero_grad(set_to_none=True)
             batch = batches[0]
-            runner.result.peak_bytes = measure_peak_bytes(lambda: runner.fn(*batch).backward(), device)
+            with runner.compile_context():
+                runner.result.peak_bytes = measure_peak_bytes(lambda: runner.fn(*batch).backward(), device)
         for _ in range(timing_repeats):
             for runner in runners:
                 if device == "cuda":

@@ -1,0 +1,160 @@
+"""Training steps with fused codecs: compress-only and mixed plans vs recompute-only (CPU, Inductor).
+
+    python bench/bench_fused_steps.py [--models gpt llama] [--budgets 0.5 0.3]
+        [--profiles auto h100] [--repeats 7] [--threads 1] [--out-dir bench/results]
+
+Every variant trains its own copy of the same model (GPT- or Llama-style,
+`bench_pareto.model_config`: 2 layers, d_model 256, seq 256, batch 4, fp32)
+through ``backend="adacc"`` (Inductor C++); step times are medians of
+interleaved repeats in one process (`adacc_examples.benchmarking.run_variants`),
+peaks the allocator's (profiler trace). Plan families as in bench_pareto:
+
+    recompute-only   {"accuracy": "lossless", "codecs": ()}
+    compress-only    {"accuracy": "aggressive", "allow_recompute": False}
+    mixed/balanced   {"accuracy": "balanced"}
+    mixed/aggressive {"accuracy": "aggressive"}
+
+each at every budget and under every cost model of ``--profiles``: "auto"
+is this machine's measured profile (codec costs timed from their compiled
+aten form, so the planner chooses by what Inductor's code costs here);
+"h100" is the H100 model (codecs at bandwidth: the plans bench/RESULTS.md
+section 3 measured before codecs were fused). The table says how many
+matmul outputs each plan recomputes, so budgets where recompute-only must
+recompute matmuls can be read off. Reference: Inductor without adacc.
+
+One thread by default: on this shared 2-core machine a second OpenMP thread
+waits for its descheduled partner (50 ms instead of 0.6 ms, measured).
+
+Each variant compiles exactly once (`run_variants` makes room for every
+copy of ``forward`` under Dynamo's recompile limit and fails rather than
+run a copy eagerly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import sys
+import warnings
+from typing import Iterator
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_pareto import FAMILIES, build_model, model_config  # noqa: E402
+
+import _examples_path  # noqa: F401  (examples/ on sys.path)
+from adacc_examples.benchmarking import Variant, VariantResult, run_variants  # noqa: E402
+from adacc_examples.models import gpt_batch, init_weights  # noqa: E402
+
+
+def variants(budgets: list[float], profiles: list[str]) -> list[Variant]:
+    out = [Variant(name="inductor (no adacc)", kind="inductor")]
+    for profile in profiles:
+        for budget in budgets:
+            for family, options in FAMILIES.items():
+                out.append(
+                    Variant(
+                        name=f"{family} @{budget:g} [{profile}]",
+                        kind="adacc",
+                        options={**options, "memory_budget": budget, "device_profile": profile},
+                    )
+                )
+    return out
+
+
+def matmul_recomputes(result: VariantResult) -> int:
+    return sum(
+        1 for rep in result.reports for r in rep["plan"] if r["decision"] == "recompute" and r["op_class"] == "matmul"
+    )
+
+
+def codecs_of(result: VariantResult) -> str:
+    counts: dict[str, int] = {}
+    for rep in result.reports:
+        for codec, n in rep["summary"]["codecs"].items():
+            counts[codec] = counts.get(codec, 0) + n
+    return ", ".join(f"{c} x{n}" for c, n in sorted(counts.items())) or "-"
+
+
+def table(results: list[VariantResult]) -> str:
+    ref = results[0]
+    rows = [
+        "| variant | peak MiB | peak vs ref | step ms | step vs ref | vs recompute-only (same budget, profile) "
+        "| matmul recomputes | codecs |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    by_name = {r.name: r for r in results}
+    for r in results:
+        rec = None
+        if "[" in r.name:
+            budget_profile = r.name.split(" ", 1)[1]
+            rec = by_name.get(f"recompute-only {budget_profile}")
+        vs_rec = f"{r.median_step_seconds / rec.median_step_seconds:.2f}" if rec is not None else ""
+        rows.append(
+            f"| {r.name} | {r.peak_bytes / 2**20:.2f} | {r.peak_bytes / max(ref.peak_bytes, 1):.2f} "
+            f"| {1e3 * r.median_step_seconds:.1f} | {r.median_step_seconds / ref.median_step_seconds:.2f} "
+            f"| {vs_rec} | {matmul_recomputes(r) if r.reports else ''} | {codecs_of(r) if r.reports else ''} |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=["gpt", "llama"])
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--budgets", type=float, nargs="+", default=[0.5, 0.3])
+    parser.add_argument("--profiles", nargs="+", default=["auto", "h100"])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out-dir", default="bench/results")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    import torch._inductor.config as inductor_config
+
+    command = "python bench/bench_fused_steps.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    sections, raw = [], {}
+    for name in args.models:
+        cfg = model_config(name, args)
+        model = init_weights(build_model(name, cfg))
+        gen = torch.Generator().manual_seed(0)
+        batches = [gpt_batch(cfg, args.batch, gen) for _ in range(2)]
+        planned = variants(args.budgets, args.profiles)
+        with inductor_config.patch(fallback_random=True), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            results = run_variants(model, batches, planned, timing_repeats=args.repeats)
+        sections.append(
+            f"### {name}: {args.layers} layers, d_model {args.d_model}, seq {args.seq_len}, batch {args.batch}, fp32\n\n"
+            + table(results)
+        )
+        raw[name] = [
+            {"name": r.name, "peak_bytes": r.peak_bytes, "step_seconds": r.step_seconds,
+             "predicted_peak_bytes": r.predicted_peak_bytes, "estimated_added_seconds": r.estimated_added_seconds,
+             "matmul_recomputes": matmul_recomputes(r), "codecs": codecs_of(r), "losses": r.losses,
+             "compile_seconds": r.compile_seconds}
+            for r in results
+        ]
+        print(sections[-1], flush=True)
+    header = (
+        f"## Fused codecs, measured training steps — {datetime.date.today()} — {platform.machine()} CPU, "
+        f"{os.cpu_count()} cores (shared), {args.threads} thread(s), torch {torch.__version__}\n\n"
+        f"Command: `{command}`\n"
+    )
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "fused_steps.md"), "w") as f:
+        f.write(header + "\n" + "\n\n".join(sections) + "\n")
+    with open(os.path.join(args.out_dir, "fused_steps.json"), "w") as f:
+        json.dump({"command": command, "results": raw}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
