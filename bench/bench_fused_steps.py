@@ -33,14 +33,12 @@ run a copy eagerly).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
 import platform
 import sys
 import warnings
-from typing import Iterator
 
 import torch
 
