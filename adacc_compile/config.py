@@ -179,6 +179,27 @@ class AdaccConfig:
     """With torch.distributed initialised, how long to wait for the other
     ranks' plan hashes before raising (a mismatch raises at once)."""
 
+    # --- adaptive re-planning (`adacc_compile.adaptation`) -------------------
+
+    adapt: bool = False
+    """Watch the compressed activations during training and re-plan when
+    they drift from the statistics the plan was calibrated on (codec error
+    above its bound, more outlier channels than the payload has slots for),
+    or when `adacc_compile.replan` asks. Off by default: it costs a sampled
+    forward every `adapt_every` steps."""
+
+    adapt_every: int = 20
+    """Measure the compressed values every this many calls of a graph (one
+    no-grad forward of the planned graph on that call's inputs); 20 keeps
+    the measured overhead under 2% of a step (bench/results/adaptive.md)."""
+
+    adapt_patience: int = 2
+    """Hysteresis: a value must be over its threshold on this many
+    consecutive checks before a re-plan fires, so one noisy batch does not."""
+
+    adapt_max_replans: int = 3
+    """At most this many re-plans per graph (each recompiles it once)."""
+
     # ------------------------------------------------------------------------
 
     @staticmethod
@@ -198,15 +219,17 @@ class AdaccConfig:
         for name in ("planner", "on_infeasible", "accuracy", "device_profile", "comm_profile"):
             if name in options:
                 kwargs[name] = str(options[name])
-        for name in ("overlap_recompute", "block_reuse", "allow_recompute", "calibrate_codecs"):
+        for name in ("overlap_recompute", "block_reuse", "allow_recompute", "calibrate_codecs", "adapt"):
             if name in options:
                 kwargs[name] = _bool(name, options[name])
         for name in ("solver_time_limit_s", "mip_rel_gap", "plan_check_timeout_s"):
             if name in options:
                 kwargs[name] = _positive_float(name, options[name])
-        for name in ("solver_threads",):
+        for name in ("solver_threads", "adapt_every", "adapt_patience"):
             if name in options:
                 kwargs[name] = _positive_int(name, options[name])
+        if "adapt_max_replans" in options:
+            kwargs["adapt_max_replans"] = _non_negative_int("adapt_max_replans", options["adapt_max_replans"])
         if "codecs" in options:
             value = options["codecs"]
             if value is not None:
@@ -268,4 +291,10 @@ def _positive_float(name: str, value: Any) -> float:
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} must be a positive int")
+    return value
+
+
+def _non_negative_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}={value!r} must be an int >= 0")
     return value

@@ -51,6 +51,10 @@ def test_unknown_option_names_the_valid_ones():
         ({"solver_time_limit_s": 0}, "positive"),
         ({"solver_threads": 0}, "positive int"),
         ({"codecs": ["nope"]}, "unknown codec"),
+        ({"adapt": "maybe"}, "adapt='maybe' must be a bool"),
+        ({"adapt_every": 0}, "adapt_every=0 must be a positive int"),
+        ({"adapt_patience": 1.5}, "adapt_patience=1.5 must be a positive int"),
+        ({"adapt_max_replans": -1}, "adapt_max_replans=-1 must be an int >= 0"),
     ],
 )
 def test_bad_values(options, match):
@@ -76,6 +80,22 @@ def test_uuid_hashes_the_whole_config():
     d = AdaccPartitioner(AdaccConfig.from_options({"memory_budget": 0.5, "planner": "greedy"}))
     assert a.uuid() == b.uuid()
     assert len({a.uuid(), c.uuid(), d.uuid()}) == 3
+
+
+def test_adaptation_is_off_by_default_and_validated():
+    default = AdaccConfig.from_options({})
+    assert (default.adapt, default.adapt_every, default.adapt_patience, default.adapt_max_replans) == (False, 20, 2, 3)
+    config = AdaccConfig.from_options({"adapt": "on", "adapt_every": 5, "adapt_patience": 1, "adapt_max_replans": 0})
+    assert (config.adapt, config.adapt_every, config.adapt_patience, config.adapt_max_replans) == (True, 5, 1, 0)
+
+
+def test_revision_changes_the_uuid():
+    """A re-plan compiles the same graph under the same options: its
+    partitioner revision keeps Inductor's caches from serving the old plan."""
+    partitioner = AdaccPartitioner(AdaccConfig.from_options({"adapt": True}))
+    before = partitioner.uuid()
+    partitioner.revision = "adapt:0:v1"
+    assert partitioner.uuid() != before
 
 
 def test_config_is_frozen():

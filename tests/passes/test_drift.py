@@ -1,0 +1,56 @@
+"""Drift tests on hand-made statistics: error over the declared bound,
+outlier channels beyond what the payload holds, hysteresis, churn."""
+
+from __future__ import annotations
+
+from adacc_compile.passes.drift import DriftDetector, DriftRule, ValueObservation, ValueReference, failures
+
+REF = ValueReference(value="x", codec="int8_outlier", bound=0.015, error=0.006, abs_max=3.0,
+                     outlier_channels=(7,), outlier_slots=1)
+
+
+def obs(error: float = 0.006, outliers: tuple[int, ...] = (7,)) -> ValueObservation:
+    return ValueObservation(value="x", codec="int8_outlier", error=error, abs_max=3.0, outlier_channels=outliers)
+
+
+def test_within_the_plan_nothing_fails():
+    assert failures(REF, obs(), DriftRule()) == []
+    assert failures(REF, obs(error=0.015, outliers=(1, 7)), DriftRule()) == []  # limit 1 + 1 = 2
+
+
+def test_error_over_the_bound_and_too_many_outliers_fail():
+    found = failures(REF, obs(error=0.02, outliers=(1, 2, 7)), DriftRule())
+    assert [(d.test, d.observed, d.limit) for d in found] == [("error", 0.02, 0.015), ("outliers", 3.0, 2.0)]
+    assert found[1].describe() == "x (int8_outlier): 3 outlier channels > 2"
+    assert failures(REF, obs(error=float("nan")), DriftRule())[0].test == "error"
+
+
+def test_outlier_limit_starts_from_the_larger_of_slots_and_calibrated_count():
+    rule = DriftRule(outlier_margin=0.5)
+    many = ValueReference(value="x", codec="int8_outlier", bound=0.015, error=0.01, abs_max=1.0,
+                          outlier_channels=tuple(range(6)), outlier_slots=2)
+    assert rule.outlier_limit(many) == 9
+    assert rule.outlier_limit(REF) == 2
+    no_slots = ValueReference(value="x", codec="fp8_e4m3", bound=0.03, error=0.02, abs_max=1.0)
+    assert rule.outlier_limit(no_slots) is None
+
+
+def test_hysteresis_needs_consecutive_failures():
+    detector = DriftDetector({"x": REF}, DriftRule(patience=2))
+    assert detector.check([obs(error=0.02)]) == []
+    assert detector.check([obs()]) == []  # a pass resets the streak
+    assert detector.check([obs(error=0.02)]) == []
+    fired = detector.check([obs(error=0.03)])
+    assert [(d.value, d.test) for d in fired] == [("x", "error")]
+
+
+def test_observations_of_other_values_or_codecs_are_ignored():
+    detector = DriftDetector({"x": REF}, DriftRule(patience=1))
+    other = ValueObservation(value="y", codec="int8_outlier", error=1.0, abs_max=1.0)
+    recoded = ValueObservation(value="x", codec="fp8_e4m3", error=1.0, abs_max=1.0)
+    assert detector.check([other, recoded]) == []
+
+
+def test_churn_is_the_share_of_new_outlier_channels():
+    assert obs(outliers=(7, 8, 9, 10)).churn(REF) == 0.75
+    assert obs(outliers=()).churn(REF) == 0.0
