@@ -1,0 +1,17 @@
+"""adacc: a torch.compile backend that keeps, recomputes or compresses each
+saved activation under a memory budget (``backend="adacc"``).
+
+The adaptive re-planning API (`adacc_compile.adaptation`) is importable from
+here; it loads on first use, so that registering the backend stays cheap."""
+
+from typing import Any
+
+_ADAPTATION = ("current_plan", "plan_history", "replan")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ADAPTATION:
+        from adacc_compile import adaptation
+
+        return getattr(adaptation, name)
+    raise AttributeError(f"module 'adacc_compile' has no attribute {name!r}")

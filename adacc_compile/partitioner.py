@@ -9,6 +9,7 @@ calling conventions and provides ``uuid()`` for Inductor's FX graph cache.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import pathlib
@@ -54,6 +55,12 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         """The split graphs run eagerly (``adacc_eager``): nothing fuses."""
         self.graph_index = 0
         """Process-wide index of the graph being compiled (`step_ledger`)."""
+        self.revision = ""
+        """Set while re-planning (`adaptation`): part of `uuid()`, so that
+        Inductor's caches never serve the plan being replaced."""
+        self.last_state: PartitionState | None = None
+        """With ``adapt``, the state of the graph planned last: the
+        adaptation controller monitors its compressed values."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> "AdaccPartitioner":
         # Inductor deep-copies its config patches; sharing the instance keeps
@@ -73,9 +80,14 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         num_fwd_outputs = kwargs.get("num_fwd_outputs")
         if num_fwd_outputs is None:
             raise TypeError("AdaccPartitioner needs num_fwd_outputs (passed by AOTAutograd)")
+        config = self.config
+        if self.revision and config.dump_dir:
+            # A re-plan's dumps go to its own version folder (`adaptation`),
+            # not to a new graph_NNN folder.
+            config = dataclasses.replace(config, dump_dir=None)
         state = PartitionState(
             joint=gm,
-            config=self.config,
+            config=config,
             num_fwd_outputs=int(num_fwd_outputs),
             static_lifetime_input_indices=list(kwargs.get("static_lifetime_input_indices") or []),
             real_inputs=self.real_inputs,
@@ -88,6 +100,8 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         self.real_inputs = None
         run_pipeline(state)
         self.reports.append(state.report)
+        if self.config.adapt:
+            self.last_state = state
         assert state.fw_module is not None and state.bw_module is not None
         return state.fw_module, state.bw_module
 
@@ -96,19 +110,37 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
     ) -> Callable[..., Any]:
         """A backend body: AOTAutograd with this partitioner, then Inductor
         (or, with ``eager=True``, the graphs run eagerly). Dynamo passes real
-        example inputs; they are kept for codec calibration."""
+        example inputs; they are kept for codec calibration. With ``adapt``
+        the result is an `adaptation.AdaptiveGraph` that may re-plan it."""
+        graph_index = LEDGER.new_graph()
+        compiled, planned = self.plan_and_compile(gm, example_inputs, eager=eager, graph_index=graph_index)
+        if not planned or not self.config.adapt or self.last_state is None:
+            return compiled
+        from adacc_compile.adaptation import AdaptiveGraph
+
+        state, self.last_state = self.last_state, None
+        return AdaptiveGraph(partitioner=self, graph=gm, eager=eager, graph_index=graph_index,
+                             compiled=compiled, state=state, inputs=example_inputs)
+
+    def plan_and_compile(
+        self, gm: fx.GraphModule, example_inputs: Sequence[Any], *, eager: bool, graph_index: int
+    ) -> tuple[Callable[..., Any], bool]:
+        """Compiles ``gm`` as graph ``graph_index`` of the step; returns the
+        callable and whether a training graph was planned (False: no
+        backward, nothing held)."""
         self.real_inputs = list(example_inputs)
         self.eager = eager
-        self.graph_index = LEDGER.new_graph()
+        self.graph_index = graph_index
         planned = len(self.reports)
         if eager:
             compiled = compat.eager_aot_compile(gm, example_inputs, self)
         else:
             compiled = compat.inductor_compile(gm, example_inputs, {"custom_partitioner_fn": self})
         if len(self.reports) == planned:  # no backward: nothing held
-            return compiled
+            return compiled, False
         summary = self.reports[-1]["summary"]
-        return tracked(compiled, Holding(self.graph_index, summary["planned_saved_bytes"], summary["default_saved_bytes"]))
+        holding = Holding(self.graph_index, summary["planned_saved_bytes"], summary["default_saved_bytes"])
+        return tracked(compiled, holding), True
 
     def backend(self, *, eager: bool = False) -> Callable[..., Any]:
         """``torch.compile(model, backend=partitioner.backend())``: the same
@@ -122,5 +154,5 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         never served from Inductor's cache."""
         profile = profile_by_name(self.config.device_profile)
         return hashlib.sha256(
-            (self.config.to_json() + _source_digest() + profile.digest()).encode()
+            (self.config.to_json() + _source_digest() + profile.digest() + self.revision).encode()
         ).hexdigest()

@@ -146,7 +146,7 @@ def calibrate_candidates(
             results[node.name] = {codec: _measure(node.name, codec, value) for codec in wanted[node]}
 
     try:
-        _run_forward(gm, primals, real_inputs, forward, wanted, visit)
+        run_forward(gm, primals, real_inputs, forward, wanted, visit)
     except Exception as exc:  # noqa: BLE001 - any failure falls back to the declared bounds
         log.warning("adacc: codec calibration failed (%s: %s); using declared codec bounds", type(exc).__name__, exc)
         return not_calibrated(f"forward failed: {type(exc).__name__}: {exc}")
@@ -223,7 +223,7 @@ def _input_mismatch(primals: list[fx.Node], real_inputs: Sequence[Any]) -> str:
     return ""
 
 
-def _run_forward(
+def run_forward(
     gm: fx.GraphModule,
     primals: list[fx.Node],
     real_inputs: Sequence[Any],

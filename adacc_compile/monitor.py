@@ -1,0 +1,103 @@
+"""The activation monitor: the statistics of a plan's compressed values,
+measured again on a later step of training.
+
+Why a sampled side path rather than statistics written by the compress
+kernels themselves: the round-trip error needs the full-precision value and
+its decompressed twin side by side, which the compiled forward never holds
+(compress frees the value; decompress runs in the backward). A side path
+can be exact about it and costs nothing on the steps it does not run. Every
+`AdaccConfig.adapt_every`-th call, the monitor runs the planned joint
+graph's forward (no grad, RNG state restored, only the nodes the compressed
+values depend on, each intermediate freed after its last use:
+`calibrate.run_forward`) on that call's real inputs, and measures every
+lossy compressed value with the same `Codec.calibrate` on the same row
+sample that planning used, so the numbers compare one to one with the
+plan's calibration (`drift.ValueReference`). The results are read on the
+host once per check; the measured overhead is in bench/results/adaptive.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+
+from adacc_compile import compat
+from adacc_compile.kernels import get_codec
+from adacc_compile.passes.calibrate import Calibration, row_sample, run_forward
+from adacc_compile.passes.drift import ValueObservation, ValueReference
+from adacc_compile.passes.plan_problem import Decision, PlanSolution
+from adacc_compile.state import PartitionState
+
+
+def plan_references(solution: PlanSolution, calibration: Calibration | None) -> dict[str, ValueReference]:
+    """One reference per lossy compressed value that calibration measured
+    (lossless codecs cannot drift; unmeasured values have nothing to
+    compare with)."""
+    out: dict[str, ValueReference] = {}
+    if calibration is None or not calibration.used:
+        return out
+    for name, choice in solution.choices.items():
+        if choice.decision is not Decision.COMPRESS or choice.codec is None:
+            continue
+        codec = get_codec(choice.codec)
+        measured = calibration.options.get(name, {}).get(choice.codec)
+        if codec.lossless or measured is None or measured.stats is None:
+            continue
+        stats = measured.stats
+        slots = stats.extra.get("outlier_slots")
+        out[name] = ValueReference(
+            value=name,
+            codec=choice.codec,
+            bound=codec.error_bound,
+            error=stats.relative_error,
+            abs_max=stats.abs_max,
+            outlier_channels=tuple(stats.outlier_channels),
+            outlier_slots=int(slots) if slots is not None and math.isfinite(slots) else None,
+        )
+    return out
+
+
+@dataclass(slots=True)
+class ActivationMonitor:
+    """Measures the compressed values of one planned graph on real inputs."""
+
+    joint: fx.GraphModule
+    primals: list[fx.Node]
+    forward: list[fx.Node]
+    references: dict[str, ValueReference]
+
+    @staticmethod
+    def from_state(state: PartitionState) -> "ActivationMonitor | None":
+        """None when there is nothing to watch or no way to run it (no
+        calibration, which refuses forwards that mutate or communicate)."""
+        if state.solution is None or state.info is None:
+            return None
+        references = plan_references(state.solution, state.calibration)
+        if not references:
+            return None
+        gm = state.joint
+        primals = [n for n in gm.graph.nodes if n.op == "placeholder" and compat.is_primal(n)]
+        forward = [n for n in gm.graph.nodes if n in state.info.forward_nodes and n.op != "placeholder"]
+        return ActivationMonitor(joint=gm, primals=primals, forward=forward, references=references)
+
+    def observe(self, real_inputs: Sequence[Any]) -> list[ValueObservation]:
+        nodes = {n.name: n for n in self.forward}
+        wanted = {nodes[name]: [ref.codec] for name, ref in self.references.items() if name in nodes}
+        out: list[ValueObservation] = []
+
+        def visit(node: fx.Node, value: Any) -> None:
+            if not isinstance(value, torch.Tensor):
+                return
+            ref = self.references[node.name]
+            stats = get_codec(ref.codec).calibrate([row_sample(value)])
+            out.append(ValueObservation(
+                value=node.name, codec=ref.codec, error=stats.relative_error,
+                abs_max=stats.abs_max, outlier_channels=tuple(stats.outlier_channels),
+            ))
+
+        run_forward(self.joint, self.primals, real_inputs, self.forward, wanted, visit)
+        return out
