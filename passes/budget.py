@@ -31,6 +31,7 @@ from adacc_compile.config import MemoryBudget
 
 from .milp import SolverOptions, solve_milp
 from .peak_model import decision_values, evaluate, simulate
+from .policies import recompute_all_policy
 from .plan_problem import InfeasibleBudgetError, PlanProblem, PlanSolution, added_seconds, saved_bytes
 
 
@@ -120,9 +121,7 @@ def clamp_to_minimum(
     reaches, then raise (``on_infeasible="error"``) or warn and return that
     budget with the plan that reaches it."""
     unconstrained = dataclasses.replace(problem, budget_bytes=None, boundary_budget_bytes=None)
-    lowest = solve_milp(unconstrained, options, minimize="peak")
-    if lowest.status == "infeasible":
-        raise ValueError(f"adacc: no legal plan exists for this graph: {lowest.notes}")
+    lowest = _lowest_peak_plan(unconstrained, options)
     minimum = modelled_peak(problem, lowest)
     error = InfeasibleBudgetError(resolution.requested_bytes, minimum)
     if on_infeasible == "error":
@@ -136,3 +135,22 @@ def clamp_to_minimum(
         resolution, budget_bytes=minimum, boundary_bytes=None, minimum_bytes=minimum, clamped=True
     )
     return clamped, lowest
+
+
+def _lowest_peak_plan(problem: PlanProblem, options: SolverOptions) -> PlanSolution:
+    """The plan with the lowest modelled peak among the MILP's peak-minimising
+    solve and recomputing everything legal (op-level full checkpointing).
+    The second is the answer where HiGHS stops on its time limit without a
+    plan, and a guard where the solve's best plan so far is worse."""
+    plans = [solve_milp(problem, options, minimize="peak"), recompute_all_policy(problem, options)]
+    legal = [p for p in plans if p.choices or not problem.candidates]
+    if not legal:
+        raise ValueError(f"adacc: no legal plan exists for this graph: {[p.notes for p in plans]}")
+    if not plans[0].choices and plans[0].status != "infeasible":
+        warnings.warn(
+            f"adacc: HiGHS stopped with status {plans[0].status!r} and no plan while searching for the "
+            f"lowest reachable peak (solver_time_limit_s={options.time_limit_s:g}); using the plan that "
+            f"recomputes everything it may",
+            stacklevel=4,
+        )
+    return min(legal, key=lambda p: modelled_peak(problem, p))

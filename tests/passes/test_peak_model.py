@@ -139,3 +139,43 @@ def test_a_coarse_segment_still_bounds_the_simulation():
     coarse = PlanProblem(candidates=base.candidates, layout=layout, memory=model)
     for plan in legal_plans(coarse):
         assert modelled(coarse, plan) >= peak_model.simulate(coarse, plan).peak_bytes - 1e-6
+
+
+def _unmeetable(problem: PlanProblem):
+    from adacc_compile.passes.budget import BudgetResolution
+
+    return BudgetResolution(
+        budget_bytes=1, boundary_bytes=None, requested_bytes=1, default_peak_bytes=10**6,
+        default_saved_bytes=10**6, fastest_seconds=0.0, fastest_peak_bytes=10**6, minimum_bytes=None,
+    )
+
+
+def test_reachable_minimum_without_a_solver_plan_falls_back_to_recomputing_everything(monkeypatch):
+    """HiGHS stopping on its time limit with no plan must not crash the
+    planner: the budget clamps to the recompute-everything plan's peak, with
+    a warning that says so."""
+    from adacc_compile.passes import budget as budget_mod
+    from adacc_compile.passes.policies import recompute_all_policy
+
+    problem = next(p for seed in range(50) if (p := random_problem(random.Random(seed), 6, 5)).candidates
+                   and recompute_all_policy(p, SolverOptions()).choices)
+    monkeypatch.setattr(budget_mod, "solve_milp", lambda *a, **k: PlanSolution(choices={}, status="Time limit reached", solver="milp"))
+    with pytest.warns(UserWarning, match="no plan while searching for the lowest reachable peak"):
+        clamped, plan = budget_mod.clamp_to_minimum(_unmeetable(problem), problem, SolverOptions(), on_infeasible="warn")
+    assert plan.solver == "recompute_all" and plan.choices
+    assert clamped.budget_bytes == budget_mod.modelled_peak(problem, plan)
+
+
+def test_reachable_minimum_is_the_lower_of_the_solver_and_recompute_everything():
+    from adacc_compile.passes import budget as budget_mod
+    from adacc_compile.passes.policies import recompute_all_policy
+
+    for seed in range(5):
+        problem = random_problem(random.Random(seed), 7, 5)
+        everything = recompute_all_policy(problem, SolverOptions())
+        if not everything.choices:
+            continue
+        with pytest.warns(UserWarning):
+            clamped, plan = budget_mod.clamp_to_minimum(_unmeetable(problem), problem, SolverOptions(), on_infeasible="warn")
+        assert clamped.budget_bytes <= budget_mod.modelled_peak(problem, everything)
+        assert clamped.budget_bytes == min(budget_mod.modelled_peak(problem, p) for p in legal_plans(problem))
