@@ -17,7 +17,7 @@ from adacc_test_utils import INDUCTOR_REL, assert_same, build, compile_with_repo
     "budget",
     [pytest.param(1.0, marks=pytest.mark.slow), 0.5, pytest.param(0.2, marks=pytest.mark.slow)],
 )
-@pytest.mark.parametrize("name", ["mlp", "gpt", "llama"])
+@pytest.mark.parametrize("name", ["mlp", "gpt", pytest.param("llama", marks=pytest.mark.slow)])
 def test_inductor_matches_eager(name, budget):
     model, batch = build(name)
     expected = loss_and_grads(model, model, *batch)

@@ -40,7 +40,7 @@ def test_lossless_compression_gives_eager_gradients():
     assert summary["compressed_bytes_saved"] > 0 and summary["codecs"]["bitmask"] > 0
 
 
-@pytest.mark.parametrize("accuracy", ["balanced", "aggressive"])
+@pytest.mark.parametrize("accuracy", ["balanced", pytest.param("aggressive", marks=pytest.mark.slow)])
 def test_compressed_tensors_stay_within_their_declared_bound(accuracy, monkeypatch):
     model, batch = build("gpt")
     compiled, partitioner = compile_with_reports(
@@ -161,7 +161,7 @@ def test_physical_order_of_dense_layouts():
     assert physical_order(x[:, :, :, ::2]) is None  # strided slice: gaps
 
 
-@pytest.mark.parametrize("backend", ["adacc_eager", "adacc"])
+@pytest.mark.parametrize("backend", ["adacc_eager", pytest.param("adacc", marks=pytest.mark.slow)])  # Inductor: -m slow
 def test_compressed_permuted_value_gets_its_layout_back(backend):
     """Attention output is saved as (b, h, t, d) in (b, t, h, d) memory; the
     backward transposes it back and takes a view, legal only in that layout.

@@ -24,7 +24,7 @@ def _compile_and_run(options, backend="adacc_eager", model_name="gpt"):
     return partitioner.reports[-1], result
 
 
-@pytest.mark.parametrize("backend", ["adacc_eager", "adacc"])
+@pytest.mark.parametrize("backend", ["adacc_eager", pytest.param("adacc", marks=pytest.mark.slow)])  # Inductor: -m slow
 def test_plan_records_measured_statistics_within_bounds(backend):
     report, _ = _compile_and_run(AGGRESSIVE, backend)
     calibration = report["summary"]["calibration"]
