@@ -188,10 +188,11 @@ class AdaccConfig:
     or when `adacc_compile.replan` asks. Off by default: it costs a sampled
     forward every `adapt_every` steps."""
 
-    adapt_every: int = 20
+    adapt_every: int = 100
     """Measure the compressed values every this many calls of a graph (one
-    no-grad forward of the planned graph on that call's inputs); 20 keeps
-    the measured overhead under 2% of a step (bench/results/adaptive.md)."""
+    no-grad forward of the planned graph on that call's inputs). A check
+    cost 1.2 Inductor steps on CPU (bench/results/adaptive.md): 100 keeps
+    the overhead near 1% of step time, 50 was 2.4%."""
 
     adapt_patience: int = 2
     """Hysteresis: a value must be over its threshold on this many

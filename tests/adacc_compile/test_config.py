@@ -84,7 +84,7 @@ def test_uuid_hashes_the_whole_config():
 
 def test_adaptation_is_off_by_default_and_validated():
     default = AdaccConfig.from_options({})
-    assert (default.adapt, default.adapt_every, default.adapt_patience, default.adapt_max_replans) == (False, 20, 2, 3)
+    assert (default.adapt, default.adapt_every, default.adapt_patience, default.adapt_max_replans) == (False, 100, 2, 3)
     config = AdaccConfig.from_options({"adapt": "on", "adapt_every": 5, "adapt_patience": 1, "adapt_max_replans": 0})
     assert (config.adapt, config.adapt_every, config.adapt_patience, config.adapt_max_replans) == (True, 5, 1, 0)
 

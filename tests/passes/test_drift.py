@@ -25,6 +25,11 @@ def test_error_over_the_bound_and_too_many_outliers_fail():
     assert failures(REF, obs(error=float("nan")), DriftRule())[0].test == "error"
 
 
+def test_outliers_count_only_once_the_error_used_half_the_headroom():
+    assert failures(REF, obs(error=0.010, outliers=(1, 2, 7)), DriftRule()) == []  # midpoint 0.0105
+    assert [d.test for d in failures(REF, obs(error=0.011, outliers=(1, 2, 7)), DriftRule())] == ["outliers"]
+
+
 def test_outlier_limit_starts_from_the_larger_of_slots_and_calibrated_count():
     rule = DriftRule(outlier_margin=0.5)
     many = ValueReference(value="x", codec="int8_outlier", bound=0.015, error=0.01, abs_max=1.0,
