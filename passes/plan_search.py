@@ -34,7 +34,7 @@ from .candidates import CandidateSet
 from .compress_rewrite import apply_compression
 from .fusion import Realization
 from .memory_sim import MemoryTimeline, simulate_step
-from .milp import SolverOptions
+from .milp import SolverOptions, solve_milp
 from .peak_model import SimulatedPeak, simulate
 from .plan_problem import PlanProblem, PlanSolution, added_seconds, check_solution, saved_bytes
 from .policies import get_policy
@@ -97,7 +97,9 @@ def search_plan(
     solution = _solve(reduction.problem, budget, planner, options)
     source = "planner"
     if solution.status == "infeasible" and not fixed:
+        requested_boundary = budget.boundary_bytes
         budget, lowest = clamp_to_minimum(budget, reduction.problem, options, on_infeasible=on_infeasible)
+        budget = _boundary_at_minimum(reduction.problem, budget, requested_boundary, options)
         # The fastest plan at that peak (the lowest-peak solve only breaks
         # ties on time, and does not place recomputation in windows).
         fastest_at_minimum = _solve(reduction.problem, budget, planner, options)
@@ -122,6 +124,25 @@ def search_plan(
     second = _split(context, candidates, reduction.expand(retry), "planner", budget, [*notes, reason])
     best = min((outcome, second), key=lambda o: o.timeline.activation_peak_bytes)
     return dataclasses.replace(best, resolves=1, notes=(*best.notes, reason))
+
+
+def _boundary_at_minimum(
+    problem: PlanProblem, budget: BudgetResolution, requested: int | None, options: SolverOptions
+) -> BudgetResolution:
+    """At the reachable minimum this graph's own peak cannot fall further,
+    but what it holds at its forward/backward boundary still lies under the
+    peaks of the graphs that run inside its backward window (a loss graph
+    after a graph break holds the logits and their gradient on top of it:
+    HF GPT-2's step peaks there). So the plan at the minimum holds at most
+    the requested boundary bytes, or the least any plan at the minimum
+    holds where that is more."""
+    at_minimum = dataclasses.replace(problem, budget_bytes=budget.budget_bytes, boundary_budget_bytes=None)
+    least = solve_milp(at_minimum, options, minimize="bytes")
+    if not least.choices:
+        return budget
+    least_bytes = int(saved_bytes(problem, least) * (1 + 1e-6)) + 1
+    cap = least_bytes if requested is None else max(requested, least_bytes)
+    return dataclasses.replace(budget, boundary_bytes=cap)
 
 
 def _solve(problem: PlanProblem, budget: BudgetResolution, planner: str, options: SolverOptions) -> PlanSolution:

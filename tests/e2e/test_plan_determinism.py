@@ -14,7 +14,7 @@ import textwrap
 SCRIPT = textwrap.dedent(
     """
     import sys, torch
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {examples!r}]
     from adacc_test_utils import build, loss_and_grads
     model, batch = build("gpt")
     compiled = torch.compile(model, backend="adacc_eager", options={{"memory_budget": 0.3, "dump_dir": sys.argv[1]}})
@@ -25,11 +25,12 @@ SCRIPT = textwrap.dedent(
 
 def _plan_in_fresh_process(tmp_path: pathlib.Path, run: str, cache: pathlib.Path) -> bytes:
     tests = str(pathlib.Path(__file__).parents[1])
+    examples = str(pathlib.Path(__file__).parents[2] / "examples")
     env = {**os.environ, "ADACC_CACHE_DIR": str(cache)}
     env.pop("ADACC_REMEASURE", None)
     out = tmp_path / run
     subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(tests=tests), str(out)], check=True, env=env, timeout=600,
+        [sys.executable, "-c", SCRIPT.format(tests=tests, examples=examples), str(out)], check=True, env=env, timeout=600,
         capture_output=True,
     )
     return (out / "graph_000" / "plan.json").read_bytes()
