@@ -70,6 +70,7 @@ def _decisions_by_layer(partitioner) -> dict[str, tuple]:
     return {k: tuple(v) for k, v in layers.items()}
 
 
+@pytest.mark.slow
 def test_block_reuse_identical_decisions_and_near_full_optimum():
     cfg = GPTConfig(n_layer=3, d_model=32, n_head=4, seq_len=16, vocab_size=64, dropout=0.1)
     model = init_weights(GPT(cfg))

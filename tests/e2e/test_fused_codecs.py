@@ -83,6 +83,7 @@ def test_generated_code_has_no_extern_codec_call(name):
     assert_same(expected, actual, rel=GRADIENT_ERROR_MULTIPLE * _lossy_bound(used) + INDUCTOR_REL)
 
 
+@pytest.mark.slow  # the check's negative control; the positive check runs by default
 def test_the_code_check_sees_custom_op_codecs(monkeypatch):
     """The check above can fail: with the custom-op form forced (the path of
     ``ADACC_KERNELS=triton``; here running the torch reference on CPU) the

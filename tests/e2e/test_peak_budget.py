@@ -47,7 +47,7 @@ def _plan(model, batch, loss, budget):
     return compiled, partitioner.reports[-1]["summary"], result
 
 
-@pytest.mark.parametrize("name", ["gpt", "llama", "conv_bn"])
+@pytest.mark.parametrize("name", ["gpt", pytest.param("llama", marks=pytest.mark.slow), "conv_bn"])
 def test_budget_sweep_peaks_fit_fall_and_match_measurement(name):
     """Byte budgets evenly from the reachable minimum to the default's peak:
     every plan's simulated activation peak is within its budget, the peak
