@@ -93,7 +93,7 @@ def annotate(
         view = is_view_op(node)
         nbytes = 0 if view or node.op != "call_function" else out_bytes
         flops = _flops(node) if node.op == "call_function" else 0
-        moved = 0 if view or node.op != "call_function" else out_bytes + _input_bytes(node)
+        moved = 0 if view or node.op != "call_function" else out_bytes + input_bytes(node)
         dtype = val.dtype if isinstance(val, torch.Tensor) else None
         if node.op != "call_function" or view:
             runtime = 0.0
@@ -167,14 +167,10 @@ def _meta_args(node: fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return tuple(value(a) for a in node.args), {k: value(v) for k, v in node.kwargs.items()}
 
 
-def _input_bytes(node: fx.Node) -> int:
-    seen: set[fx.Node] = set()
-    total = 0
-    for arg in node.all_input_nodes:
-        if arg not in seen:
-            seen.add(arg)
-            total += tensor_bytes(arg.meta.get("val"))
-    return total
+def input_bytes(node: fx.Node) -> int:
+    """Bytes ``node`` reads: each distinct input tensor once
+    (``all_input_nodes`` is already deduplicated)."""
+    return sum(tensor_bytes(arg.meta.get("val")) for arg in node.all_input_nodes)
 
 
 def _tensors(val: Any) -> list[torch.Tensor]:

@@ -43,7 +43,7 @@ from typing import Iterable
 import torch
 import torch.fx as fx
 
-from .annotate import META_KEY, annotation, tensor_bytes
+from .annotate import META_KEY, annotation, input_bytes
 from .device_profile import DeviceProfile
 from .op_class import OpClass, classify, is_view_op
 
@@ -90,16 +90,6 @@ def materialised(node: fx.Node, consumers: Iterable[fx.Node], mode: Realization)
     )
 
 
-def _input_bytes(node: fx.Node) -> int:
-    seen: set[fx.Node] = set()
-    total = 0
-    for arg in node.all_input_nodes:
-        if arg not in seen:
-            seen.add(arg)
-            total += tensor_bytes(arg.meta.get("val"))
-    return total
-
-
 def keep_seconds(node: fx.Node, *, realised_in_forward: bool, profile: DeviceProfile, mode: Realization) -> float:
     """Time keeping ``node`` adds: the forward writes it (if it would
     otherwise stay fused) and the backward reads it back."""
@@ -118,5 +108,5 @@ def recompute_seconds(
     if is_view_op(node) or not forward_needed:
         return 0.0
     if mode is Realization.INDUCTOR and is_pointwise(node) and not realised_in_backward:
-        return _input_bytes(node) / profile.memory_bytes_per_s
+        return input_bytes(node) / profile.memory_bytes_per_s
     return ann.runtime_s
