@@ -53,13 +53,29 @@ STAGES: tuple[tuple[str, Callable[[PartitionState], None]], ...] = (
 )
 
 
-def run_pipeline(state: PartitionState, skip: frozenset[str] = frozenset()) -> PartitionState:
-    """Runs `STAGES` in order; only `OPTIONAL_STAGES` may be skipped."""
+def run_pipeline(
+    state: PartitionState,
+    skip: frozenset[str] = frozenset(),
+    *,
+    after: str | None = None,
+    until: str | None = None,
+) -> PartitionState:
+    """Runs `STAGES` in order; only `OPTIONAL_STAGES` may be skipped.
+    ``after``/``until`` run a contiguous part (the stages after ``after``, up
+    to and including ``until``), so a caller can do other work on the state
+    between two parts (`plan_preview` simulates the baselines while the plan
+    is solved)."""
     bad = skip - OPTIONAL_STAGES
     if bad:
         raise ValueError(f"cannot skip stage(s) {sorted(bad)}; optional: {sorted(OPTIONAL_STAGES)}")
+    names = [name for name, _ in STAGES]
+    for bound in (after, until):
+        if bound is not None and bound not in names:
+            raise ValueError(f"no stage {bound!r}; stages: {names}")
+    first = names.index(after) + 1 if after is not None else 0
+    last = names.index(until) if until is not None else len(names) - 1
     with compat.lazy_graph_modules():
-        for name, stage in STAGES:
+        for name, stage in STAGES[first:last + 1]:
             if name in skip:
                 continue
             start = time.perf_counter()

@@ -37,6 +37,7 @@ import torch.fx as fx
 
 from adacc_compile import compat
 from adacc_compile.config import AdaccConfig
+from adacc_compile.forked import Forked
 from adacc_compile.model_source import ModelSource
 from adacc_compile.passes.default_plan import default_plan
 from adacc_compile.passes.fusion import Realization
@@ -120,27 +121,36 @@ def trace(source: ModelSource, *, batch: int, seq: int, dtype: torch.dtype) -> T
 def plan(traced: Traced, config: AdaccConfig) -> PartitionState:
     """adacc's whole pipeline on the traced joint graph (as `AdaccPartitioner`
     runs it, Inductor's fusion assumed), keeping the state."""
+    return run_pipeline(_state(traced, config))
+
+
+def _state(traced: Traced, config: AdaccConfig) -> PartitionState:
     joint = traced.joint
-    state = PartitionState(
+    return PartitionState(
         joint=joint.gm,
         config=config,
         num_fwd_outputs=int(joint.kwargs["num_fwd_outputs"]),
         static_lifetime_input_indices=list(joint.kwargs.get("static_lifetime_input_indices") or []),
         mode=Realization.INDUCTOR,
     )
-    return run_pipeline(state)
 
 
 def preview(traced: Traced, config: AdaccConfig, *, on_phase: Callable[[str], None] = lambda _: None) -> Preview:
     """Plans ``traced`` with adacc and simulates the baselines on the same graph."""
     start = time.perf_counter()
     on_phase("planning")
-    state = plan(traced, config)
+    state = _state(traced, config)
+    run_pipeline(state, until="budget")
+    # The baselines need the state up to the budget, not the plan: they are
+    # simulated on a second core while the plan is solved (`forked`).
+    pending = Forked(lambda: baselines(state, base_seconds=0.0))
+    run_pipeline(state, after="budget")
     planned = time.perf_counter()
     on_phase("comparing strategies")
-    strategies = [_adacc_strategy(state), *baselines(state)]
-    return Preview(traced=traced, state=state, strategies=strategies, plan_seconds=planned - start,
-                   compare_seconds=time.perf_counter() - planned)
+    base = _base_seconds(state)
+    others = [dataclasses.replace(s, step_seconds=base + s.step_seconds) for s in pending.result()]
+    return Preview(traced=traced, state=state, strategies=[_adacc_strategy(state), *others],
+                   plan_seconds=planned - start, compare_seconds=time.perf_counter() - planned)
 
 
 def _adacc_strategy(state: PartitionState) -> Strategy:
@@ -156,20 +166,25 @@ def _adacc_strategy(state: PartitionState) -> Strategy:
     )
 
 
-def baselines(state: PartitionState) -> list[Strategy]:
+def baselines(state: PartitionState, *, base_seconds: float | None = None) -> list[Strategy]:
     """No checkpointing, full AC and PyTorch's budget partitioner, each split
-    and simulated on the pipeline's joint graph."""
+    and simulated on the pipeline's joint graph (whose stages up to the
+    budget have run). Step times are ``base_seconds`` (by default the
+    report's roofline estimate of the step) plus each plan's added time; the
+    budget ratio given to PyTorch's partitioner is of the requested budget."""
+    if base_seconds is None:
+        base_seconds = _base_seconds(state)
     assert state.candidates is not None and state.info is not None and state.budget is not None
     problem = state.candidates.problem
     default_saved = set(state.default_saved_names)
-    ratio = state.budget.budget_bytes / max(state.budget.default_peak_bytes, 1)
+    ratio = state.budget.requested_bytes / max(state.budget.default_peak_bytes, 1)
     out = [
-        _simulate_saved(state, "no checkpointing (Inductor default)", default_saved),
-        _simulate_plan(state, "full AC (every block)", full_ac_plan(problem, default_saved)),
+        _simulate_saved(state, "no checkpointing (Inductor default)", default_saved, base_seconds),
+        _simulate_plan(state, "full AC (every block)", full_ac_plan(problem, default_saved), base_seconds),
     ]
     if ratio < 1.0:  # at 1 it is the default partitioner's own choice
         torch_saved = {n.name for n in compat.default_saved_values(state.joint, state.info, memory_budget=ratio)}
-        out.append(_simulate_saved(state, f"PyTorch memory budget {ratio:.2f}", torch_saved))
+        out.append(_simulate_saved(state, f"PyTorch memory budget {ratio:.2f}", torch_saved, base_seconds))
     return out
 
 
@@ -201,7 +216,7 @@ def _added(state: PartitionState, solution: PlanSolution | None) -> float:
     return max(added_seconds(state.candidates.problem, solution) - state.budget.fastest_seconds, 0.0)
 
 
-def _simulate_saved(state: PartitionState, name: str, saved: set[str]) -> Strategy:
+def _simulate_saved(state: PartitionState, name: str, saved: set[str], base_seconds: float) -> Strategy:
     """A saved set chosen by PyTorch: split as PyTorch splits it; its time
     from the same set as an adacc plan."""
     assert state.candidates is not None and state.info is not None
@@ -210,16 +225,16 @@ def _simulate_saved(state: PartitionState, name: str, saved: set[str]) -> Strate
         if n.name in saved or (n in state.info.forward_nodes and (compat.is_primal(n) or compat.is_sym_node(n)))
     ]
     as_plan = default_plan(state.candidates.problem, saved)
-    return _strategy(state, name, nodes, _added(state, as_plan))
+    return _strategy(state, name, nodes, base_seconds + _added(state, as_plan))
 
 
-def _simulate_plan(state: PartitionState, name: str, solution: PlanSolution) -> Strategy:
+def _simulate_plan(state: PartitionState, name: str, solution: PlanSolution, base_seconds: float) -> Strategy:
     assert state.candidates is not None and state.info is not None
     nodes = saved_values_for(state.joint, state.info, state.candidates, solution)
-    return _strategy(state, name, nodes, _added(state, solution))
+    return _strategy(state, name, nodes, base_seconds + _added(state, solution))
 
 
-def _strategy(state: PartitionState, name: str, saved: list[fx.Node], added: float) -> Strategy:
+def _strategy(state: PartitionState, name: str, saved: list[fx.Node], step_seconds: float) -> Strategy:
     assert state.info is not None
     with compat.lazy_graph_modules():
         fw, bw = split_joint_graph(state.joint, state.info, saved, num_fwd_outputs=state.num_fwd_outputs)
@@ -232,7 +247,7 @@ def _strategy(state: PartitionState, name: str, saved: list[fx.Node], added: flo
         saved_bytes=timeline.saved_bytes,
         activation_peak_bytes=timeline.activation_peak_bytes,
         step_peak_bytes=timeline.peak_bytes,
-        step_seconds=_base_seconds(state) + added,
+        step_seconds=step_seconds,
         timeline=timeline,
     )
 
