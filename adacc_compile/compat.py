@@ -580,3 +580,44 @@ def run_isolated(fn: Callable[[], Any]) -> Any:
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(fn).result()
+
+
+# --------------------------------------------------------------------------
+# pipeline stages: AOTAutograd with wrapped forward/backward runners
+# --------------------------------------------------------------------------
+
+
+def aot_compile_with(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    fw_compiler: Callable[..., Any],
+    bw_compiler: Callable[..., Any],
+    partition_fn: Callable[..., Any],
+) -> Callable[..., Any]:
+    """AOTAutograd with ``partition_fn`` and the caller's forward and
+    backward compilers (inference graphs run interpreted, as in
+    `eager_aot_compile`). Used by `adacc_compile.pipelining.recompute_ahead`,
+    which wraps the split graphs to run the backward's recomputation early.
+    The backward is compiled with the forward, not at its first call
+    (AOTAutograd's lazy default), so the forward runner already knows the
+    backward's inputs."""
+    import torch._functorch.config as functorch_config
+    from torch._dynamo.backends.common import aot_autograd
+
+    backend = aot_autograd(
+        fw_compiler=fw_compiler,
+        bw_compiler=bw_compiler,
+        inference_compiler=_interpreted,
+        partition_fn=partition_fn,
+        keep_inference_input_mutations=True,
+    )
+    with functorch_config.patch(force_non_lazy_backward_lowering=True):
+        return backend(gm, example_inputs)
+
+
+def interpret(gm: fx.GraphModule) -> Callable[[list[Any]], Any]:
+    """A boxed runner of ``gm`` (``fn(args_list)``; the list is consumed:
+    inputs are freed after their last use), as `eager_aot_compile` runs
+    the split graphs."""
+    return _interpreted(gm, ())
