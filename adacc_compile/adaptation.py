@@ -210,6 +210,7 @@ class AdaptiveGraph:
         partitioner = self.partitioner
         version = len(self.versions)
         partitioner.revision = f"adapt:{self.graph_index}:v{version}:{uuid.uuid4().hex}"
+        partitioner.start_plan = self._choices
         try:
             compiled, planned = partitioner.plan_and_compile(
                 self.graph, list(args), eager=self.eager, graph_index=self.graph_index
@@ -217,6 +218,7 @@ class AdaptiveGraph:
             state, partitioner.last_state = partitioner.last_state, None
         finally:
             partitioner.revision = ""
+            partitioner.start_plan = None
         self.compiles += 1
         if not planned or state is None:
             log.warning("adacc graph %d: re-plan produced no training graph; keeping plan %d",
@@ -228,6 +230,7 @@ class AdaptiveGraph:
     def _adopt(self, state: "PartitionState", *, step: int, trigger: str, reasons: tuple[str, ...]) -> None:
         """Makes ``state``'s plan the current one: version record, monitor,
         fresh hysteresis counters, dumps and log line."""
+        self._choices = dict(state.solution.choices) if state.solution is not None else None
         self.monitor = ActivationMonitor.from_state(state)
         self.detector = DriftDetector(self.monitor.references, self.rule) if self.monitor else None
         records = list(state.report.get("plan", []))

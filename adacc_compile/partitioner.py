@@ -58,6 +58,8 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         self.revision = ""
         """Set while re-planning (`adaptation`): part of `uuid()`, so that
         Inductor's caches never serve the plan being replaced."""
+        self.start_plan: dict[str, Any] | None = None
+        """Set while re-planning: the plan being replaced, the MILP's start."""
         self.last_state: PartitionState | None = None
         """With ``adapt``, the state of the graph planned last: the
         adaptation controller monitors its compressed values."""
@@ -96,6 +98,7 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             held_by_earlier_graphs=LEDGER.held_bytes(),
             held_default_by_earlier_graphs=LEDGER.held_default_bytes(),
             earlier_graphs=tuple(h.graph for h in LEDGER.holding()),
+            start_plan=self.start_plan,
         )
         self.real_inputs = None
         run_pipeline(state)

@@ -18,7 +18,7 @@ from adacc_compile.passes.device_profile import DeviceProfile
 from adacc_compile.passes.fusion import Realization
 from adacc_compile.passes.memory_sim import MemoryTimeline
 from adacc_compile.passes.milp import SolverOptions
-from adacc_compile.passes.plan_problem import PlanSolution
+from adacc_compile.passes.plan_problem import Choice, PlanSolution
 from adacc_compile.passes.plan_search import PlanOutcome
 from adacc_compile.passes.structure import BlockReduction
 
@@ -66,6 +66,8 @@ class PartitionState:
     report: dict[str, Any] = field(default_factory=dict)
     overlap: Any = None
     """`overlap.OverlapState`: communication windows, placement, plan hash."""
+    start_plan: dict[str, Choice] | None = None
+    """The plan a re-plan replaces (`adaptation`): the MILP starts from it."""
 
     @property
     def solver_options(self) -> SolverOptions:
@@ -73,6 +75,7 @@ class PartitionState:
             time_limit_s=self.config.solver_time_limit_s,
             mip_rel_gap=self.config.mip_rel_gap,
             threads=self.config.solver_threads,
+            start=self.start_plan,
         )
 
     @property

@@ -63,6 +63,12 @@ class SolverOptions:
     threads: int = 1
     lp_path: str | None = None
     """Write the model here (HiGHS ``.lp`` format) before solving."""
+    start: dict[str, Choice] | None = None
+    """A plan to start from (HiGHS's MIP start): a re-plan starts from the
+    plan it replaces (`adaptation`), so the solver begins with an incumbent.
+    Candidates it does not name start at 0; HiGHS discards a start that is
+    not feasible (the new statistics ruled an option out) and solves from
+    scratch. The optimum does not depend on it."""
 
 
 @dataclass(slots=True)
@@ -135,6 +141,7 @@ def solve_milp(
     highs.passModel(_to_lp(model, minimize, problem))
     if options.lp_path:
         highs.writeModel(options.lp_path)
+    started = options.start is not None and _set_start(highs, model, options.start)
     start = time.perf_counter()
     highs.run()
     seconds = time.perf_counter() - start
@@ -160,8 +167,23 @@ def solve_milp(
                 continue
             choices[var.candidate] = Choice(decision=var.decision, codec=var.codec)
     return PlanSolution(
-        choices=choices, status=label, solver="milp", solve_seconds=seconds, windows=windows
+        choices=choices, status=label, solver="milp", solve_seconds=seconds, windows=windows,
+        notes=("started from the given plan",) if started else (),
     )
+
+
+def _set_start(highs: highspy.Highs, model: _Model, start: dict[str, Choice]) -> bool:
+    """Passes ``start`` as a MIP start on the binaries (the continuous columns
+    are left for HiGHS to complete); True where HiGHS accepted it."""
+    index = np.arange(len(model.vars), dtype=np.int32)
+    value = np.zeros(len(model.vars), dtype=np.float64)
+    for i, var in enumerate(model.vars):
+        choice = start.get(var.candidate)
+        if var.window is None and choice is not None and (choice.decision, choice.codec) == (var.decision, var.codec):
+            value[i] = 1.0
+    if not len(index):
+        return False
+    return highs.setSolution(len(index), index, value) == highspy.HighsStatus.kOk
 
 
 def _build(problem: PlanProblem, *, minimize: str, time_cap_s: float | None) -> _Model:

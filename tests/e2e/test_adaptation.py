@@ -120,6 +120,9 @@ def test_requested_replan_is_dumped_logged_and_capped(tmp_path, caplog):
     ]
     assert history[1].changed == {}  # same weights, same batch: same plan
     assert history[1].summary["plan_hash"] == history[0].summary["plan_hash"]
+    # The re-plan's MILP started from the plan it replaced; the first did not.
+    assert "started from the given plan" in partitioner.reports[1]["summary"]["notes"]
+    assert "started from the given plan" not in partitioner.reports[0]["summary"]["notes"]
     assert "re-plan 1 at step 2 (request: new budget headroom)" in caplog.text
     folder = tmp_path / "graph_000"
     assert sorted(os.listdir(folder / "plan_v1")) == sorted(

@@ -155,3 +155,23 @@ def test_solver_time_limit_warns_and_still_returns_a_legal_plan():
         solution = milp_policy(problem, SolverOptions(time_limit_s=1e-9))
     assert solution.status in ("time_limit", "greedy", "feasible")
     assert check_solution(problem, solution) == []
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_start_plan_never_changes_the_optimum(seed):
+    """Re-plans start HiGHS from the plan they replace: from the optimum
+    itself, from a plan that no longer fits (everything kept) and from a
+    partial plan, the solve ends at the cold solve's optimum."""
+    rng = random.Random(seed)
+    problem = random_problem(rng, n=rng.randint(5, 9), with_codecs=seed % 2 == 0)
+    cold = solve_milp(problem, SolverOptions(mip_rel_gap=0.0))
+    if cold.status == "infeasible":
+        return
+    keep_all = {c.name: Choice(decision=Decision.KEEP) for c in problem.candidates if c.can_keep}
+    partial = dict(list(cold.choices.items())[: len(cold.choices) // 2])
+    for start in (cold.choices, keep_all, partial):
+        warm = solve_milp(problem, SolverOptions(mip_rel_gap=0.0, start=start))
+        assert warm.status == "optimal" and check_solution(problem, warm) == []
+        assert added_seconds(problem, warm) == pytest.approx(added_seconds(problem, cold), rel=1e-6, abs=1e-12)
+    accepted = solve_milp(problem, SolverOptions(mip_rel_gap=0.0, start=cold.choices))
+    assert "started from the given plan" in accepted.notes
