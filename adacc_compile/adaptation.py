@@ -33,11 +33,11 @@ with ``dump_dir`` one folder per version (``graph_NNN/`` is version 0,
 ``graph_NNN/plan_vK/`` version K, ``graph_NNN/adaptation.json`` the history
 and every check).
 
-Distributed runs: calibration is off there (each rank would measure its own
-batch), so the monitor has nothing to compare and no drift fires; a
-`replan` called on every rank re-plans deterministically, and the plan hash
-check (``agree``) still holds the ranks to one plan. Re-planning on rank 0's
-statistics is not implemented.
+Distributed runs: rank 0 calibrates for every rank (`rank_zero`), each rank
+monitors its own batch, and rank 0's verdict at each check is every rank's,
+so all ranks re-plan at the same step, each calibrated on rank 0's batch of
+that step: the plans agree (the plan hash check, ``agree``, confirms it
+where graphs hold collectives). A `replan` must be called on every rank.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
+from adacc_compile import rank_zero
 from adacc_compile.monitor import ActivationMonitor
 from adacc_compile.passes.drift import Drift, DriftDetector, DriftRule, ValueObservation
 
@@ -170,6 +171,8 @@ class AdaptiveGraph:
         start = time.perf_counter()
         observations = self.monitor.observe(args)
         drifts = self.detector.check(observations)
+        if rank_zero.distributed():  # rank 0's verdict: every rank re-plans at the same step
+            drifts = rank_zero.from_rank_zero("drift", lambda: drifts, self.config.plan_check_timeout_s)
         seconds = time.perf_counter() - start
         action = ""
         if drifts:

@@ -96,7 +96,7 @@ def share_problem(problem: PlanProblem, groups: Iterable[str], timeout_s: float)
     if me == lowest:
         store.set(key, json.dumps(problem_to_json(problem), sort_keys=True))
         return problem
-    _wait(store, [key], timeout_s, f"rank {lowest}'s plan problem for graph #{sequence}")
+    wait_for_keys(store, [key], timeout_s, f"rank {lowest}'s plan problem for graph #{sequence}")
     shared = problem_from_json(json.loads(store.get(key).decode()))
     if [(c.name, c.inputs) for c in shared.candidates] != [(c.name, c.inputs) for c in problem.candidates]:
         return problem
@@ -160,7 +160,7 @@ def check_agreement(plan_hash: str, groups: Iterable[str], timeout_s: float) -> 
         sequence = int(store.add(f"{base}/count/{me}", 1))
         store.set(f"{base}/{sequence}/{me}", plan_hash)
         keys = {r: f"{base}/{sequence}/{r}" for r in peers if r != me}
-        _wait(store, list(keys.values()), timeout_s, f"the plan hash of graph #{sequence} from ranks {sorted(keys)}")
+        wait_for_keys(store, list(keys.values()), timeout_s, f"the plan hash of graph #{sequence} from ranks {sorted(keys)}")
         hashes = {me: plan_hash, **{r: store.get(k).decode() for r, k in keys.items()}}
         if len(set(hashes.values())) > 1:
             listing = ", ".join(f"rank {r}: {h[:16]}" for r, h in sorted(hashes.items()))
@@ -200,7 +200,7 @@ def _peer_ranks(groups: Iterable[str]) -> list[int]:
     return sorted(ranks)
 
 
-def _wait(store: Any, keys: list[str], timeout_s: float, what: str) -> None:
+def wait_for_keys(store: Any, keys: list[str], timeout_s: float, what: str) -> None:
     try:
         store.wait(keys, timedelta(seconds=timeout_s))
     except Exception as error:  # DistStoreError / RuntimeError on timeout

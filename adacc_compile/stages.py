@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from adacc_compile import compat
+from adacc_compile import compat, rank_zero
 from adacc_compile.passes.annotate import annotate
 from adacc_compile.passes.budget import resolve_budget
-from adacc_compile.passes.calibrate import calibrate_candidates, calibrated_candidates, not_calibrated
+from adacc_compile.passes.calibrate import (
+    Calibration, calibrate_candidates, calibrated_candidates, lossy_options, not_calibrated,
+)
 from adacc_compile.passes.candidates import CandidateSet, find_candidates
 from adacc_compile.passes.codec_options import allowed_codecs, make_compress_options
 from adacc_compile.passes.default_plan import default_plan
@@ -56,9 +58,15 @@ def calibrate_stage(state: PartitionState) -> None:
     if not state.config.calibrate_codecs:
         state.calibration = not_calibrated("off (calibrate_codecs=False)")
     else:
-        state.calibration = calibrate_candidates(
-            state.joint, state.info, state.candidates, state.real_inputs
-        )
+        def measure() -> Calibration:
+            return calibrate_candidates(state.joint, state.info, state.candidates, state.real_inputs)
+
+        if rank_zero.distributed():  # rank 0's batch for every rank: plans agree
+            state.calibration = rank_zero.shared_calibration(
+                measure, lossy_options(state.candidates), state.config.plan_check_timeout_s
+            )
+        else:
+            state.calibration = measure()
     state.real_inputs = None
     state.candidates = calibrated_candidates(state.candidates, state.calibration)
 

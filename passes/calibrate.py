@@ -18,10 +18,10 @@ before the MILP sees it, and the statistics (error, SQNR, abs max, outlier chann
 
 When there are no real inputs (planning under fake tensors, e.g. the
 LLM-scale benchmark), or the inputs do not line up with the graph's primals,
-or the forward mutates something or communicates, or torch.distributed runs
-more than one rank (each rank would measure its own batch and plans would
-differ across ranks), the declared bounds are used unchanged and the
-summary says why.
+or the forward mutates something or communicates, the declared bounds are
+used unchanged and the summary says why. With more than one rank, rank 0
+alone calibrates and every rank plans with its measurements
+(`adacc_compile.rank_zero`), so plans agree.
 
 The run does not change training: it is under ``no_grad``, on the real
 inputs without mutating them, with the RNG state saved and restored, and
@@ -110,11 +110,7 @@ def calibrate_candidates(
     real_inputs: Sequence[Any] | None,
 ) -> Calibration:
     """Measures every lossy compress option on the real forward values."""
-    lossy = {
-        c.name: [o.codec for o in c.compress if not get_codec(o.codec).lossless]
-        for c in candidates.problem.candidates
-    }
-    lossy = {name: codecs for name, codecs in lossy.items() if codecs}
+    lossy = lossy_options(candidates)
     if not lossy:
         return not_calibrated("no lossy codec options")
     if real_inputs is None:
@@ -127,11 +123,6 @@ def calibrate_candidates(
     mutating = next((n for n in forward if compat.is_mutating(n)), None)
     if mutating is not None:
         return not_calibrated(f"the forward mutates state ({mutating.target})")
-    if compat.dist_ready() and torch.distributed.get_world_size() > 1:
-        # Each rank sees its own batch: measured errors, hence rejections and
-        # plans, would differ across ranks (and the forward may hold
-        # collectives). Agreeing on them is not implemented.
-        return not_calibrated("distributed run: per-rank calibration would give per-rank plans")
     collective = next(
         (n for n in forward if getattr(n.meta.get(META_KEY), "op_class", None) is OpClass.COLLECTIVE), None
     )
@@ -151,6 +142,15 @@ def calibrate_candidates(
         log.warning("adacc: codec calibration failed (%s: %s); using declared codec bounds", type(exc).__name__, exc)
         return not_calibrated(f"forward failed: {type(exc).__name__}: {exc}")
     return Calibration(used=True, reason="", options=results, seconds=time.perf_counter() - start)
+
+
+def lossy_options(candidates: CandidateSet) -> dict[str, list[str]]:
+    """Candidate -> its lossy codec options (what calibration measures)."""
+    lossy = {
+        c.name: [o.codec for o in c.compress if not get_codec(o.codec).lossless]
+        for c in candidates.problem.candidates
+    }
+    return {name: codecs for name, codecs in lossy.items() if codecs}
 
 
 def calibrated_candidates(candidates: CandidateSet, calibration: Calibration) -> CandidateSet:

@@ -178,3 +178,48 @@ def mismatch_worker(rank: int, world_size: int, port: int, out_dir: str) -> None
     finally:
         _finish(out_dir, rank, result)
         dist.destroy_process_group()
+
+
+def adaptive_rank_zero_worker(rank: int, world_size: int, port: int, out_dir: str, shift_at: int, steps: int) -> None:
+    """Trains a small GPT with ``adapt`` on this rank's own batches (no
+    gradient sync: the ranks' activations differ), scales six channels of
+    block 1's ``ln_2`` weight at ``shift_at``; reports the plan versions,
+    their hashes and the calibration each version planned with."""
+    import torch.distributed as dist
+
+    from adacc_compile.adaptation import graphs_of
+    from adacc_examples.models import GPT, GPTConfig, gpt_batch, init_weights
+    from adacc_test_utils import compile_with_reports
+
+    result: dict[str, Any] = {"rank": rank}
+    _setup(rank, world_size, port)
+    try:
+        cfg = GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=16, vocab_size=64, dropout=0.0)
+        options = {"memory_budget": 0.5, "accuracy": "balanced", "allow_recompute": False, "device_profile": "h100",
+                   "adapt": True, "adapt_every": 3, "adapt_patience": 2}
+        torch.manual_seed(0)
+        model = init_weights(GPT(cfg))
+        compiled, partitioner = compile_with_reports(model, "adacc_eager", options)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        generator = torch.Generator().manual_seed(1000 + rank)  # every rank its own data
+        batches = [gpt_batch(cfg, 2, generator) for _ in range(6)]
+        for step in range(steps):
+            if step == shift_at:
+                with torch.no_grad():
+                    model.blocks[1].ln_2.weight[[3, 10, 17, 29, 40, 55]] *= 60.0
+            compiled(*batches[step % len(batches)]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        graph = graphs_of(model)[0]
+        result["versions"] = [[v.version, v.step, v.trigger] for v in graph.versions]
+        result["hashes"] = [v.summary["plan_hash"] for v in graph.versions]
+        result["calibration"] = [{r["name"]: r.get("calibration") for r in v.plan} for v in graph.versions]
+        result["calibrated"] = [r["summary"].get("calibration", {}).get("used") for r in partitioner.reports]
+        result["checks"] = len(graph.checks)
+        result["compiles"] = graph.compiles
+        dist.barrier()
+    except BaseException:
+        result["error"] = traceback.format_exc()
+    finally:
+        _finish(out_dir, rank, result)
+        dist.destroy_process_group()
