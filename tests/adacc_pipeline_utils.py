@@ -103,15 +103,7 @@ def pipeline_worker(
                 pipe_stages.append(PipelineStage(compiled, index, 2 * world_size, torch.device("cpu")))
                 partitioners.append(partitioner)
             schedule = ScheduleInterleaved1F1B(pipe_stages, n_microbatches, loss_fn=token_loss)
-            losses = []
-            if first:
-                schedule.step(idx)
-            elif last:
-                schedule.step(target=targets, losses=losses)
-            else:
-                schedule.step()
-            if last:
-                result["loss"] = float(torch.stack([v.detach() for v in losses]).mean())
+            _step(schedule, first, last, idx, targets, result)
             reports = [r for p in partitioners for r in p.reports]
             stage = torch.nn.ModuleList(mine)
         elif runner == "schedule_1f1b":
@@ -121,15 +113,7 @@ def pipeline_worker(
             compiled = torch.compile(stage, backend=partitioner.backend(eager=True))
             pipe_stage = PipelineStage(compiled, rank, world_size, torch.device("cpu"))
             schedule = Schedule1F1B(pipe_stage, n_microbatches, loss_fn=token_loss)
-            losses: list[torch.Tensor] = []
-            if first:
-                schedule.step(idx)
-            elif last:
-                schedule.step(target=targets, losses=losses)
-            else:
-                schedule.step()
-            if last:
-                result["loss"] = float(torch.stack([v.detach() for v in losses]).mean())
+            _step(schedule, first, last, idx, targets, result)
             reports = partitioner.reports
         else:
             backend = RecomputeAheadBackend(options, enabled=runner == "loop_ahead", max_ahead_bytes=AHEAD_CAP)
@@ -162,3 +146,17 @@ def pipeline_worker(
     finally:
         _finish(out_dir, rank, result)
         dist.destroy_process_group()
+
+
+def _step(schedule: Any, first: bool, last: bool, idx: torch.Tensor, targets: torch.Tensor, result: dict) -> None:
+    """One step of a ``torch.distributed.pipelining`` schedule from this rank's
+    side; the last stage records the mean micro-batch loss."""
+    losses: list[torch.Tensor] = []
+    if first:
+        schedule.step(idx)
+    elif last:
+        schedule.step(target=targets, losses=losses)
+    else:
+        schedule.step()
+    if last:
+        result["loss"] = float(torch.stack([v.detach() for v in losses]).mean())
