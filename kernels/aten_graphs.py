@@ -98,3 +98,89 @@ def graph_outputs(gm: fx.GraphModule) -> list[fx.Node]:
     out = next(n for n in gm.graph.nodes if n.op == "output")
     flat = out.args[0]
     return list(flat) if isinstance(flat, (list, tuple)) else [flat]
+
+
+# --------------------------------------------------------------------------
+# Reading one-byte payloads in aten forms
+# --------------------------------------------------------------------------
+#
+# Inductor's C++ (torch 2.13, AVX2) loads vectors of one-byte (and int32)
+# values through a zero-filled stack buffer (`Vectorized<T>::loadu(ptr,
+# count)`), several times slower than the float loads around them: a
+# uint8 -> float32 cast of 1M values ran at 5.4x a float32 copy, measured.
+# A load that does not depend on the vectorised index is a plain scalar
+# load, though. So a decompress reads its bytes as int64 words, one scalar
+# load per 8 bytes (or 64 bits), and spreads each word over a vector of
+# lanes with int32 shifts by an iota (2.0-2.7x a float32 copy for the same
+# cast, measured). Both need whole words; other sizes keep the plain cast.
+
+
+def packed_fields(data: torch.Tensor, bits: int) -> torch.Tensor:
+    """The ``bits``-wide fields (1, 2, 4 or 8) of a one-byte tensor, LSB
+    first, as int32 ``0 .. 2**bits - 1``: field ``i`` is field ``i % (8 //
+    bits)`` of byte ``i // (8 // bits)`` of ``data`` flattened."""
+    flat = data.reshape(-1).view(torch.uint8)
+    mask = (1 << bits) - 1
+    if flat.numel() % 8 or flat.numel() == 0:
+        shifts = torch.arange(8 // bits, dtype=torch.int32, device=data.device) * bits
+        return ((flat.to(torch.int32).unsqueeze(-1) >> shifts) & mask).reshape(-1)
+    lanes = 64 // bits  # fields per int64 word; each int32 half holds lanes / 2
+    words = flat.view(torch.int64).unsqueeze(-1)
+    low = (words & 0xFFFFFFFF).to(torch.int32)
+    high = (words >> 32).to(torch.int32)
+    lane = torch.arange(lanes, dtype=torch.int32, device=data.device)
+    first = lane < lanes // 2
+    half = torch.where(first, low, high)
+    shift = torch.where(first, lane, lane - lanes // 2) * bits
+    return ((half >> shift) & mask).reshape(-1)
+
+
+def byte_values(data: torch.Tensor) -> torch.Tensor:
+    """The bytes of a one-byte tensor (uint8, int8 or bool) as float32
+    0..255 (int8 as two's complement bytes), shaped like ``data``."""
+    return packed_fields(data, 8).float().view(data.shape)
+
+
+def bfloat16_values(data: torch.Tensor) -> torch.Tensor:
+    """A bfloat16 tensor as float32 (exact), shaped like ``data``, read as
+    int32 pairs: a bfloat16 load in a kernel otherwise turns Inductor's
+    whole loop scalar (the int8 decompress ran at 24x a copy, measured)."""
+    if data.numel() % 2 or data.numel() == 0 or not data.is_contiguous():
+        return data.float()
+    pairs = data.reshape(-1).view(torch.int32).unsqueeze(-1)
+    lane = torch.arange(2, dtype=torch.int32, device=data.device)
+    bits = torch.where(lane == 0, pairs << 16, pairs & -65536)
+    return bits.reshape(-1).view(torch.float32).view(data.shape)
+
+
+def pack_low_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """Two 4-bit fields per byte, element ``2j`` in the low nibble of byte
+    ``j``: the low nibbles of a one-byte tensor (numel a multiple of 8),
+    flattened, as uint8 ``[numel / 2]``.
+
+    Written as int64 word arithmetic on the one-byte codes (a vectorised
+    cast to int8 stores them fast, whereas pairing neighbours directly reads
+    with stride 2, which Inductor's C++ runs element by element: int4
+    compress at 80x a copy, measured): mask the nibbles, then fold them
+    together by halves."""
+    w = codes.reshape(-1).view(torch.int64) & 0x0F0F0F0F0F0F0F0F
+    w = (w | (w >> 4)) & 0x00FF00FF00FF00FF
+    w = (w | (w >> 8)) & 0x0000FFFF0000FFFF
+    w = (w | (w >> 16)) & 0xFFFFFFFF
+    return w.to(torch.int32).view(torch.uint8)
+
+
+def pack_bits(bits: torch.Tensor) -> torch.Tensor:
+    """Eight 0/1 values per byte, LSB first: ``bits`` (float32 0.0 / 1.0,
+    numel a multiple of 16) flattened, as uint8 ``[numel / 8]``.
+
+    Each 16 values are one float sum against the weights 1, 2, ..., 2**14,
+    -2**15: exact, and the two's complement int16 of those 16 bits, so
+    one cast and a view give the bytes. A float reduction over contiguous
+    lanes is what Inductor's C++ vectorises (1.2x a float copy of the
+    values, measured); eight strided reads per byte run element by element
+    (5.5x), and an int32 horizontal sum is slower still."""
+    lane = torch.arange(16, dtype=torch.int32, device=bits.device)
+    power = ((lane + 127) << 23).view(torch.float32)  # 2**lane, exact
+    weight = torch.where(lane == 15, -32768.0, power)
+    return (bits.reshape(-1, 16) * weight).sum(dim=-1).to(torch.int16).view(torch.uint8)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from . import REGISTRY
+from .aten_graphs import pack_bits, packed_fields
 from .codec import ApplyQuery, CodecStats
 from .oplib import (
     OpCodec,
@@ -94,12 +95,15 @@ def torch_bitmask_decompress(
 
 
 def aten_bitmask_compress(x: torch.Tensor) -> list[torch.Tensor]:
-    """`torch_bitmask_compress` as float sums of the eight bits of a byte
-    (exact up to 255), cast to uint8 once: Inductor's CPU code handles
-    one-byte arithmetic and bool vectors poorly, floats well."""
+    """`torch_bitmask_compress` as float sums of the bits (exact), cast
+    once: Inductor's CPU code handles one-byte arithmetic and bool vectors
+    poorly, floats well. Whole 16-bit words go through `pack_bits`; other
+    sizes sum the eight bits of each byte."""
     check_input(x, codec=NAME, dtypes=_DTYPES)
     flat = x.reshape(-1).float()
     n = flat.numel()
+    if n and n % 16 == 0:
+        return [pack_bits(flat)]  # one vectorised float sum per 16 bits (see aten_graphs)
     nbytes = (n + 7) // 8
     bits = (flat if n % 8 == 0 else F.pad(flat, (0, nbytes * 8 - n))).view(nbytes, 8)
     word = bits[:, 0]
@@ -111,16 +115,13 @@ def aten_bitmask_compress(x: torch.Tensor) -> list[torch.Tensor]:
 def aten_bitmask_decompress(
     payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype = torch.bool
 ) -> torch.Tensor:
-    """`torch_bitmask_decompress`: bit k of byte j as ``floor(b / 2^k) mod 2``
-    in float arithmetic, compared to 0 once."""
+    """`torch_bitmask_decompress`: the bits of whole int64 words of the
+    payload, spread over lanes by int32 shifts, compared to 0 once."""
     shape = check_shape(shape, codec=NAME)
     check_output_dtype(dtype, codec=NAME, dtypes=_DTYPES)
     check_payload(payload, bitmask_payload_spec(shape, dtype), codec=NAME)
-    byte = payload[0].float().unsqueeze(1)
-    weight = torch.pow(2.0, -torch.arange(8, dtype=torch.float32, device=byte.device))  # exact powers of two
-    shifted = torch.floor(byte * weight)
-    bits = shifted - 2.0 * torch.floor(shifted * 0.5)
-    return (bits != 0).reshape(-1)[: numel_of(shape)].reshape(shape)
+    bits = packed_fields(payload[0], 1)  # int32 shifts of int64 words (see aten_graphs)
+    return (bits != 0)[: numel_of(shape)].reshape(shape)
 
 
 # --------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import torch
 
 from . import REGISTRY
+from .aten_graphs import byte_values
 from .codec import ApplyQuery
 from .oplib import (
     OpCodec,
@@ -252,7 +253,7 @@ def aten_fp8_decompress(
         return torch_fp8_decompress(payload, shape, dtype, fmt)
     codes, scales = payload
     rows, cols = rows_cols(shape)
-    code = codes.reshape(rows, cols).to(torch.int32)
+    code = byte_values(codes).reshape(rows, cols).to(torch.int32)  # see aten_graphs.byte_values
     value = _aten_decode(code, fmt) * scales[:, None]
     low = code & 0x7F
     if fmt.mantissa_bits == 3:

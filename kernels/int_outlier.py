@@ -76,6 +76,7 @@ import torch
 import torch.nn.functional as F
 
 from . import REGISTRY
+from .aten_graphs import bfloat16_values, byte_values, pack_low_nibbles, packed_fields
 from .codec import ApplyQuery, CodecStats
 from .oplib import (
     OpCodec,
@@ -413,9 +414,8 @@ def _aten_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     reserved = torch.where(raw != raw, -fmt.qmax - 1.0, torch.where(raw > 0, float(fmt.qmax), -float(fmt.qmax)))
     q = torch.where(flagged, reserved, q)
     q = q.view(rows, padded)
-    if fmt.pack4:
-        nibble = torch.where(q < 0, q + 16.0, q).view(rows, padded // 2, 2)
-        packed = (nibble[..., 0] + 16.0 * nibble[..., 1]).to(torch.uint8)
+    if fmt.pack4:  # two's complement int8 codes; their low nibbles are the int4 codes
+        packed = pack_low_nibbles(q.to(torch.int8)).view(rows, padded // 2)
     else:
         packed = q.to(torch.int8)
     stored_scale = torch.where(special, -scale_f, scale_f).to(_SCALE_DTYPE)  # exact: bfloat16 values
@@ -433,16 +433,18 @@ def _aten_decompress(
         return _torch_decompress(fmt, payload, shape, dtype)
     packed, scale, index, values = payload
     groups = scale.shape[1]
+    # Codes read as fields of int64 words (see aten_graphs.packed_fields).
     if fmt.pack4:
-        byte = packed.float()
-        high = torch.floor(byte / 16.0)
-        nibbles = torch.stack((byte - 16.0 * high, high), dim=-1)
+        nibbles = packed_fields(packed, 4).float()
         q = torch.where(nibbles >= 8.0, nibbles - 16.0, nibbles)
     else:
-        q = packed.float()
+        byte = byte_values(packed)
+        q = torch.where(byte >= 128.0, byte - 256.0, byte)
     q = q.reshape(rows, groups, fmt.group)
-    s = scale.float().unsqueeze(-1)
-    special = scale.view(torch.int16).unsqueeze(-1) < 0  # the sign bit flags a group with NaN/Inf
+    s = bfloat16_values(scale).unsqueeze(-1)
+    # The sign bit flags a group with NaN/Inf (-0.0 included); read through
+    # float32 bits: Inductor's C++ does not vectorise int16.
+    special = s.view(torch.int32) < 0
     v = q * s.abs()
     v = torch.where(special & (q == -fmt.qmax - 1.0), float("nan"), v)
     v = torch.where(special & (q == -fmt.qmax), float("-inf"), v)

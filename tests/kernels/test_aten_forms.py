@@ -138,3 +138,56 @@ def test_inductor_compiled_aten_form_equals_reference(name: str, dtype: torch.dt
     decompress = compat.inductor_compile_inference(graphs.decompress, reference)
     (restored,) = decompress(*reference)
     assert _same(restored, codec.decompress_op(reference, list(shape), dtype))
+
+
+@pytest.mark.parametrize("name", available_codecs())
+def test_inductor_compiled_aten_form_on_whole_words(name: str, monkeypatch) -> None:
+    """The same on a shape whose payloads are whole int64 words, the fast
+    paths of `aten_graphs` (packed_fields, pack_bits, bfloat16_values),
+    which the odd shape above steers around."""
+    monkeypatch.setenv("ADACC_KERNELS", "torch")
+    codec = get_codec(name)
+    shape = (16, 256)
+    dtype = _dtypes(name)[0]
+    x = _sample(name, shape, dtype, seed=4)
+    graphs = codec_graphs(codec, x)
+    compress = compat.inductor_compile_inference(graphs.compress, [x])
+    reference = list(codec.compress_op(x))
+    assert _same_payload(list(compress(x)), reference)
+    decompress = compat.inductor_compile_inference(graphs.decompress, reference)
+    (restored,) = decompress(*reference)
+    assert _same(restored, codec.decompress_op(reference, list(shape), dtype))
+
+
+@pytest.mark.parametrize("numel", [8, 64, 200, 13])
+def test_packed_fields_and_byte_values_unpack_lsb_first(numel: int) -> None:
+    from adacc_compile.kernels.aten_graphs import byte_values, packed_fields
+
+    data = torch.randint(0, 256, (numel,), generator=torch.Generator().manual_seed(numel)).to(torch.uint8)
+    wide = data.long()
+    assert torch.equal(byte_values(data), data.float())
+    assert torch.equal(byte_values(data.view(torch.int8)), data.float())
+    for bits in (1, 4):
+        shifts = torch.arange(0, 8, bits)
+        expected = ((wide.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).reshape(-1).int()
+        assert torch.equal(packed_fields(data, bits), expected)
+
+
+def test_pack_bits_and_nibbles_invert_the_unpacking() -> None:
+    from adacc_compile.kernels.aten_graphs import pack_bits, pack_low_nibbles, packed_fields
+
+    gen = torch.Generator().manual_seed(0)
+    data = torch.randint(0, 256, (48,), generator=gen).to(torch.uint8)
+    assert torch.equal(pack_bits(packed_fields(data, 1).float()), data)
+    codes = torch.randint(-8, 8, (96,), generator=gen).to(torch.int8)
+    nibbles = packed_fields(pack_low_nibbles(codes), 4)
+    assert torch.equal(nibbles, (codes.int() & 15))
+
+
+def test_bfloat16_values_are_exact() -> None:
+    from adacc_compile.kernels.aten_graphs import bfloat16_values
+
+    x = torch.randn(6, 4).to(torch.bfloat16)
+    x[0, 1], x[2, 2] = float("-inf"), -0.0
+    assert torch.equal(bfloat16_values(x).view(torch.int32), x.float().view(torch.int32))
+    assert torch.equal(bfloat16_values(x[:, :3]), x[:, :3].float())  # odd, strided: the plain cast
