@@ -51,17 +51,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, fork: bool | None = None) -> int:
+    """The ``adacc`` command. ``fork`` (by default: when run as a command,
+    ``argv`` None) lets ``adacc plan`` simulate the baselines in a forked child
+    while it plans (`forked`), which is safe only in a process of its own."""
     args = build_parser().parse_args(argv)
     try:
-        return run_plan(args, sys.stdout)
+        return run_plan(args, sys.stdout, fork=argv is None if fork is None else fork)
     except (ModelNotFound, ValueError) as error:
         print(f"adacc plan: error: {error}", file=sys.stderr)
         return 2
 
 
-def run_plan(args: argparse.Namespace, out: TextIO) -> int:
-    from adacc_compile import batch_search, plan_preview, plan_summary
+def run_plan(args: argparse.Namespace, out: TextIO, *, fork: bool = False) -> int:
+    from adacc_compile import batch_search, forked, plan_preview, plan_summary
+
+    if fork:
+        forked.no_monitor_threads()  # no helper thread may hold a lock at the fork
 
     if args.batch < 1 or args.seq < 1 or args.tp < 1:
         raise ValueError("--batch, --seq and --tp must be positive")
@@ -86,7 +92,7 @@ def run_plan(args: argparse.Namespace, out: TextIO) -> int:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*reachable minimum.*")
         warnings.filterwarnings("ignore", message="The hashes produced for directed graphs changed")
-        result = plan_preview.preview(traced, config, on_phase=lambda phase: progress.switch(phase))
+        result = plan_preview.preview(traced, config, on_phase=lambda phase: progress.switch(phase), fork=fork)
         progress.done()
         search = None
         if not result.fits:

@@ -135,20 +135,26 @@ def _state(traced: Traced, config: AdaccConfig) -> PartitionState:
     )
 
 
-def preview(traced: Traced, config: AdaccConfig, *, on_phase: Callable[[str], None] = lambda _: None) -> Preview:
-    """Plans ``traced`` with adacc and simulates the baselines on the same graph."""
+def preview(
+    traced: Traced, config: AdaccConfig, *, on_phase: Callable[[str], None] = lambda _: None, fork: bool = False
+) -> Preview:
+    """Plans ``traced`` with adacc and simulates the baselines on the same
+    graph; with ``fork`` (``adacc plan``, a fresh process) the baselines run
+    in a forked child while the plan is solved (`forked`)."""
     start = time.perf_counter()
     on_phase("planning")
     state = _state(traced, config)
     run_pipeline(state, until="budget")
     # The baselines need the state up to the budget, not the plan: they are
     # simulated on a second core while the plan is solved (`forked`).
-    pending = Forked(lambda: baselines(state, base_seconds=0.0))
+    work = lambda: baselines(state, base_seconds=0.0)  # noqa: E731
+    pending = Forked(work) if fork else None
     run_pipeline(state, after="budget")
     planned = time.perf_counter()
     on_phase("comparing strategies")
     base = _base_seconds(state)
-    others = [dataclasses.replace(s, step_seconds=base + s.step_seconds) for s in pending.result()]
+    simulated = pending.result() if pending is not None else work()
+    others = [dataclasses.replace(s, step_seconds=base + s.step_seconds) for s in simulated]
     return Preview(traced=traced, state=state, strategies=[_adacc_strategy(state), *others],
                    plan_seconds=planned - start, compare_seconds=time.perf_counter() - planned)
 

@@ -17,6 +17,7 @@ from adacc_compile.passes.codec_options import allowed_codecs, make_compress_opt
 from adacc_compile.passes.default_plan import default_plan
 from adacc_compile.passes.device_profile import profile_by_name
 from adacc_compile.passes.dropout_replay import replay_dropout_from_masks
+from adacc_compile.passes.fusion import Realization
 from adacc_compile.passes.peak_model import build_memory_model
 from adacc_compile.passes.plan_search import SplitContext, search_plan
 from adacc_compile.passes.structure import block_classes, no_reduction, protect_block_boundaries, reduce_identical_blocks
@@ -26,9 +27,10 @@ from adacc_compile.state import PartitionState
 
 def prepare(state: PartitionState) -> None:
     """PyTorch's own joint-graph clean-ups (dead code, must-save tags), and
-    dropout made recomputable from its mask (`dropout_replay`)."""
+    under Inductor, dropout made recomputable from its mask (`dropout_replay`)."""
     state.joint = compat.prepare_joint_graph(state.joint)
-    replay_dropout_from_masks(state.joint)
+    if state.mode is Realization.INDUCTOR:
+        replay_dropout_from_masks(state.joint)
 
 
 def classify(state: PartitionState) -> None:

@@ -4,8 +4,7 @@ the mask instead of keeping it.
 
 Why: dropout is random, and adacc never re-runs a random op in the backward
 (no RNG replay, `candidates`). Where dropout reaches the joint graph as one
-``native_dropout`` node (Inductor with ``fallback_random=True``, the eager
-backend), its float output (the attention probabilities after dropout: 12
+``native_dropout`` node (Inductor with ``fallback_random=True``), its float output (the attention probabilities after dropout: 12
 MiB per block on Hugging Face GPT-2 at batch 8, seq 256) could only be kept,
 although everything random about it is in its boolean mask, which the
 backward keeps anyway and which the lossless ``bitmask`` codec packs 8x.
@@ -16,10 +15,15 @@ decomposition compute the same two products), and this rewrite computes
 exactly those two products, so the forward values, the loss and the
 gradients are unchanged.
 
-Where Inductor decomposes dropout itself (``fallback_random=False``, the
-default), the graph already holds ``rand_like > p`` and the products, and
-nothing here applies. Evaluation-mode dropout (``train=False``) is a copy
-and is left alone.
+Applied to graphs Inductor compiles (the prepare stage, `Realization
+.INDUCTOR`), where the two products fuse into one pass. Not for
+``adacc_eager``: op by op, the products are two more tensors and
+``native_dropout`` still allocates the output nobody reads, which the
+memory models do not count (their bound broke on random models with
+dropout). Where Inductor decomposes dropout itself (``fallback_random=
+False``, the default), the graph already holds ``rand_like > p`` and the
+products, and nothing here applies. Evaluation-mode dropout
+(``train=False``) is a copy and is left alone.
 """
 
 from __future__ import annotations

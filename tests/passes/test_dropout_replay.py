@@ -67,7 +67,12 @@ def test_tight_plan_recomputes_dropout_output_and_gradients_match_eager():
     model = _AttentionDropout()
     x = torch.randn(4, 16, 32)
     expected = loss_and_grads(model, model, x)
-    compiled, states = compile_capturing(model, {"memory_budget": 0.05, "on_infeasible": "warn"})
+    from adacc_compile.passes.fusion import Realization
+
+    # Planned as for Inductor (where the rewrite applies), run op by op.
+    compiled, states = compile_capturing(
+        model, {"memory_budget": 0.05, "on_infeasible": "warn"}, mode=Realization.INDUCTOR
+    )
     with pytest.warns(UserWarning, match="reachable minimum"):
         actual = loss_and_grads(model, compiled, x)
     assert_same(expected, actual, rel=EAGER_REL)
