@@ -22,6 +22,7 @@ def _run(tmp_path: pathlib.Path, *args: str) -> tuple[str, dict]:
     return (tmp_path / "gpu_check.md").read_text(), json.loads((tmp_path / "gpu_check.json").read_text())
 
 
+@pytest.mark.slow  # 24 s: keeps the default run under 15 minutes
 def test_codec_section_on_cpu(tmp_path):
     markdown, data = _run(tmp_path, "--codecs", "int8_outlier", "bitmask", "--models")
     assert "## Codec kernels" in markdown

@@ -53,6 +53,7 @@ def test_option_over_its_declared_bound_is_not_offered(monkeypatch):
     assert "int8_outlier" not in report["summary"]["codecs"]
 
 
+@pytest.mark.slow  # 45 s: keeps the default run under 15 minutes
 def test_calibration_off_or_without_real_inputs_trusts_declared_bounds():
     off, _ = _compile_and_run({**AGGRESSIVE, "calibrate_codecs": False})
     assert off["summary"]["calibration"] == {
