@@ -57,7 +57,7 @@ import torch.fx as fx
 
 from adacc_compile import rank_zero
 from adacc_compile.monitor import ActivationMonitor
-from adacc_compile.passes.drift import Drift, DriftDetector, DriftRule, ValueObservation
+from adacc_compile.passes.drift import DriftDetector, DriftRule, ValueObservation
 
 if TYPE_CHECKING:
     from adacc_compile.partitioner import AdaccPartitioner

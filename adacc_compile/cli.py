@@ -16,7 +16,6 @@ and the largest batch that fits (`batch_search`).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import warnings
@@ -55,10 +54,12 @@ def main(argv: Sequence[str] | None = None, *, fork: bool | None = None) -> int:
     """The ``adacc`` command. ``fork`` (by default: when run as a command,
     ``argv`` None) lets ``adacc plan`` simulate the baselines in a forked child
     while it plans (`forked`), which is safe only in a process of its own."""
+    from adacc_compile.plan_preview import GraphBreakBeforeLoss
+
     args = build_parser().parse_args(argv)
     try:
         return run_plan(args, sys.stdout, fork=argv is None if fork is None else fork)
-    except (ModelNotFound, ValueError) as error:
+    except (ModelNotFound, ValueError, GraphBreakBeforeLoss) as error:
         print(f"adacc plan: error: {error}", file=sys.stderr)
         return 2
 

@@ -51,6 +51,11 @@ from adacc_compile.state import PartitionState
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+class GraphBreakBeforeLoss(RuntimeError):
+    """The model's step is not one graph: Dynamo broke it before the loss,
+    so the traced graph holds no backward to plan."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Traced:
     """One traced batch shape of a model."""
@@ -110,7 +115,7 @@ def trace(source: ModelSource, *, batch: int, seq: int, dtype: torch.dtype) -> T
         parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     joint = compat.capture_joint_graph(model, (ids, ids))
     if not compat.joint_outputs_scalar(joint):
-        raise RuntimeError(
+        raise GraphBreakBeforeLoss(
             f"{source.label}: Dynamo's first graph does not end in the loss (a graph break before it); "
             "adacc plan needs the step as one graph (TORCH_LOGS=graph_breaks shows where it breaks)"
         )

@@ -61,7 +61,7 @@ def workload(name: str, steps: int):
         from transformers import GPT2Config, GPT2LMHeadModel
 
         torch.manual_seed(0)
-        cfg = GPT2Config(n_layer=6, n_embd=384, n_head=6, n_positions=256)
+        cfg = GPT2Config(n_layer=6, n_embd=384, n_head=6, n_positions=256, use_cache=False)
         model = HFCausalLM(GPT2LMHeadModel(cfg))
         batches = [
             (ids := torch.randint(0, cfg.vocab_size, (8, 256), generator=gen), ids) for _ in range(steps)

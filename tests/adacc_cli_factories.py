@@ -1,5 +1,7 @@
 """Model factories for the ``adacc plan MODEL=module:factory`` tests."""
 
+import torch
+
 from adacc_examples.models import GPT, GPTConfig
 
 
@@ -10,3 +12,15 @@ def tiny_gpt() -> GPT:
 
 def not_a_module() -> int:
     return 3
+
+
+class _BreaksBeforeLoss(GPT):
+    def forward(self, ids, labels):
+        embedded = self.wte(ids)
+        torch._dynamo.graph_break()
+        return super().forward(ids, labels) + 0 * embedded.sum()
+
+
+def breaks_before_loss() -> GPT:
+    """Dynamo breaks the graph before the loss (after the embedding)."""
+    return _BreaksBeforeLoss(GPTConfig(vocab_size=64, seq_len=32, n_layer=2, n_head=2, d_model=32))

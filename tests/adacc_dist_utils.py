@@ -9,13 +9,14 @@ never hang the suite.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import re
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -51,6 +52,23 @@ def spawn(worker: Callable[..., None], world_size: int, out_dir: str, *args: Any
 
 def _finish(out_dir: str, rank: int, result: dict) -> None:
     pathlib.Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result, indent=1, default=str))
+
+
+@contextlib.contextmanager
+def reporting(out_dir: str, rank: int, result: dict) -> Iterator[dict]:
+    """A rank's body: a failure becomes its traceback in ``result["error"]``
+    (the test reads it from ``rankN.json``) instead of killing the rank
+    mid-collective; the result is written and the process group destroyed
+    however the body ends."""
+    import torch.distributed as dist
+
+    try:
+        yield result
+    except BaseException:
+        result["error"] = traceback.format_exc()
+    finally:
+        _finish(out_dir, rank, result)
+        dist.destroy_process_group()
 
 
 def _setup(rank: int, world_size: int, port: int) -> str:
@@ -109,7 +127,7 @@ def tp_overlap_worker(rank: int, world_size: int, port: int, out_dir: str, backe
 
     result: dict[str, Any] = {"rank": rank}
     group = _setup(rank, world_size, port)
-    try:
+    with reporting(out_dir, rank, result):
         model, dense, (idx, targets) = _tiny_tp(rank, world_size, group)
         expected = dense(idx, targets)
         expected.backward()
@@ -136,11 +154,6 @@ def tp_overlap_worker(rank: int, world_size: int, port: int, out_dir: str, backe
             again(idx, targets).backward()
             result["on_demand"] = reports.reports[-1]["summary"]
         dist.barrier()
-    except BaseException:
-        result["error"] = traceback.format_exc()
-    finally:
-        _finish(out_dir, rank, result)
-        dist.destroy_process_group()
 
 
 def mismatch_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
@@ -152,7 +165,7 @@ def mismatch_worker(rank: int, world_size: int, port: int, out_dir: str) -> None
 
     result: dict[str, Any] = {"rank": rank}
     group = _setup(rank, world_size, port)
-    try:
+    with reporting(out_dir, rank, result):
         model, _dense, (idx, targets) = _tiny_tp(rank, world_size, group, n_layer=1)
         budget = 0.3 if rank == 0 else 1.0  # rank-dependent options: different plans
         compiled, _ = compile_with_reports(model, "adacc_eager", {**TP_OPTIONS, "memory_budget": budget})
@@ -173,11 +186,6 @@ def mismatch_worker(rank: int, world_size: int, port: int, out_dir: str) -> None
                 result["missing_peer"] = f"{type(error).__name__}: {error}"
             result["missing_peer_seconds"] = time.monotonic() - start
         dist.barrier()
-    except BaseException:
-        result["error"] = traceback.format_exc()
-    finally:
-        _finish(out_dir, rank, result)
-        dist.destroy_process_group()
 
 
 def adaptive_rank_zero_worker(rank: int, world_size: int, port: int, out_dir: str, shift_at: int, steps: int) -> None:
@@ -193,7 +201,7 @@ def adaptive_rank_zero_worker(rank: int, world_size: int, port: int, out_dir: st
 
     result: dict[str, Any] = {"rank": rank}
     _setup(rank, world_size, port)
-    try:
+    with reporting(out_dir, rank, result):
         cfg = GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=16, vocab_size=64, dropout=0.0)
         options = {"memory_budget": 0.5, "accuracy": "balanced", "allow_recompute": False, "device_profile": "h100",
                    "adapt": True, "adapt_every": 3, "adapt_patience": 2}
@@ -218,8 +226,3 @@ def adaptive_rank_zero_worker(rank: int, world_size: int, port: int, out_dir: st
         result["checks"] = len(graph.checks)
         result["compiles"] = graph.compiles
         dist.barrier()
-    except BaseException:
-        result["error"] = traceback.format_exc()
-    finally:
-        _finish(out_dir, rank, result)
-        dist.destroy_process_group()

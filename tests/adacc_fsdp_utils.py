@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import traceback
 from typing import Any
 
 import torch
 
-from adacc_dist_utils import _finish, _setup
+from adacc_dist_utils import _setup, reporting
 
 
 def shard_and_compile(model: torch.nn.Module, backend: str, options: dict[str, Any], mode: str) -> torch.nn.Module:
@@ -44,7 +43,7 @@ def fsdp2_worker(rank: int, world_size: int, port: int, out_dir: str, backend: s
 
     result: dict[str, Any] = {"rank": rank, "losses": [], "dense_losses": [], "grad_errors": []}
     _setup(rank, world_size, port)
-    try:
+    with reporting(out_dir, rank, result):
         cfg = GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab_size=64)
         dense, model = init_weights(GPT(cfg)), init_weights(GPT(cfg))
         batches = [gpt_batch(cfg, 2, torch.Generator().manual_seed(r)) for r in range(world_size)]
@@ -71,8 +70,3 @@ def fsdp2_worker(rank: int, world_size: int, port: int, out_dir: str, backend: s
         summaries = sorted(pathlib.Path(dump).glob("graph_*/summary.json"))
         result["summaries"] = [json.loads(path.read_text()) for path in summaries]
         dist.barrier()
-    except BaseException:
-        result["error"] = traceback.format_exc()
-    finally:
-        _finish(out_dir, rank, result)
-        dist.destroy_process_group()

@@ -9,13 +9,12 @@ in a pipelined step and compares its parameters' gradients.
 
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from adacc_dist_utils import _finish, _setup
+from adacc_dist_utils import _setup, reporting
 
 PIPELINE_OPTIONS = {
     "device_profile": "h100",  # fixed costs: the plan does not follow this machine's load
@@ -79,7 +78,7 @@ def pipeline_worker(
 
     result: dict[str, Any] = {"rank": rank, "runner": runner}
     _setup(rank, world_size, port)
-    try:
+    with reporting(out_dir, rank, result):
         cfg, model = build_gpt(n_layer)
         batch = 2 * n_microbatches
         idx, targets = gpt_batch(cfg, batch, torch.Generator().manual_seed(0))
@@ -141,11 +140,6 @@ def pipeline_worker(
         result["relative_errors"] = _relative_errors(stage, model, reference)
         result["summaries"] = [r["summary"] for r in reports]
         dist.barrier()
-    except BaseException:
-        result["error"] = traceback.format_exc()
-    finally:
-        _finish(out_dir, rank, result)
-        dist.destroy_process_group()
 
 
 def _step(schedule: Any, first: bool, last: bool, idx: torch.Tensor, targets: torch.Tensor, result: dict) -> None:

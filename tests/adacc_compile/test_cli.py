@@ -190,3 +190,41 @@ def test_progress_only_on_a_terminal():
         progress.done()
         assert ("tracing ..." in out.text and "planning ..." in out.text and " s\n" in out.text) == tty
         assert out.text == "" or tty
+
+
+TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64, "n_positions": 64}
+
+
+def test_gpt2_config_plans_as_one_graph_without_warnings(tmp_path, capsys):
+    """GPT-2's own loss path logs a warning that breaks Dynamo's graph before
+    the loss; the CLI's loss wrapper computes the loss itself."""
+    pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_GPT2))
+    code, out, err = _plan(capsys, str(path), "--gpu", "h100", "--budget", "0.5", "--batch", "2", "--seq", "16")
+    assert code == 0, err
+    assert "h 0-1 " in out  # the two GPT-2 blocks, folded
+    assert "loss_type" not in out + err
+
+
+def test_loss_wrapper_equals_transformers_loss():
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from adacc_compile.model_source import HFCausalLoss
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**{k: v for k, v in TINY_GPT2.items() if k != "model_type"}))
+    model.eval()
+    ids = torch.randint(0, 64, (2, 16))
+    labels = ids.clone()
+    labels[0, 5] = -100  # ignored positions count as in transformers' loss
+    expected = model(input_ids=ids, labels=labels, use_cache=False).loss
+    assert torch.equal(HFCausalLoss(model)(ids, labels), expected)
+
+
+def test_graph_break_before_the_loss_is_a_clear_error(capsys):
+    code, out, err = _plan(capsys, "adacc_cli_factories:breaks_before_loss", "--gpu", "h100", "--budget", "1GiB",
+                           "--batch", "1", "--seq", "8", "--dtype", "fp32")
+    assert code == 2 and out == ""
+    assert "graph break before it" in err and "TORCH_LOGS=graph_breaks" in err

@@ -29,7 +29,7 @@ def _model():
         cfg = GPTConfig(n_layer=6, d_model=384, n_head=6, seq_len=256, vocab_size=50257, dropout=0.1)
         model = init_weights(GPT(cfg))
         return model, (lambda m: m(ids, ids)), (lambda m: setattr(m, "checkpoint_blocks", True))
-    model = GPT2LMHeadModel(GPT2Config(n_layer=6, n_embd=384, n_head=6, n_positions=256))
+    model = GPT2LMHeadModel(GPT2Config(n_layer=6, n_embd=384, n_head=6, n_positions=256, use_cache=False))
     model.train()
 
     def full_ac(m):
