@@ -325,17 +325,21 @@ def capture_joint_graph(model: torch.nn.Module, inputs: Sequence[Any]) -> Captur
             fw_compiler=never_called, bw_compiler=never_called, partition_fn=partition,
             decompositions=select_decomp_table(),  # as Inductor traces it
         )
-        try:
-            aot(gm, example_inputs)
-        except _JointCaptured:
-            pass
-        return stop
+        # The partitioner raises out of the backend, so Dynamo stops before
+        # it builds the frame's guards (a second or more on a 7B model).
+        aot(gm, example_inputs)
+        return stop  # a graph without a backward: nothing captured
+
+    from torch._dynamo.exc import BackendCompilerFailed
 
     torch._dynamo.reset()
     try:
         torch.compile(model, backend=backend)(*inputs)
     except _JointCaptured:
         pass
+    except BackendCompilerFailed as error:
+        if not isinstance(error.inner_exception, _JointCaptured):
+            raise
     finally:
         torch._dynamo.reset()
     if not captured:
