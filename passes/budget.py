@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from adacc_compile.config import MemoryBudget
 
-from .milp import SolverOptions, solve_milp
+from .milp import SolverOptions, solve_milp, with_start
 from .peak_model import decision_values, evaluate, simulate
 from .policies import recompute_all_policy
 from .plan_problem import InfeasibleBudgetError, PlanProblem, PlanSolution, added_seconds, saved_bytes
@@ -142,7 +142,10 @@ def _lowest_peak_plan(problem: PlanProblem, options: SolverOptions) -> PlanSolut
     solve and recomputing everything legal (op-level full checkpointing).
     The second is the answer where HiGHS stops on its time limit without a
     plan, and a guard where the solve's best plan so far is worse."""
-    plans = [solve_milp(problem, options, minimize="peak"), recompute_all_policy(problem, options)]
+    everything = recompute_all_policy(problem, options)
+    # Recomputing everything is legal and low: HiGHS starts from it.
+    start = with_start(options, everything, "the plan that recomputes everything it may")
+    plans = [solve_milp(problem, start, minimize="peak"), everything]
     legal = [p for p in plans if p.choices or not problem.candidates]
     if not legal:
         raise ValueError(f"adacc: no legal plan exists for this graph: {[p.notes for p in plans]}")

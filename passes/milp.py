@@ -41,6 +41,8 @@ can be written as an ``.lp`` file for inspection.
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import sys
 import time
@@ -69,6 +71,8 @@ class SolverOptions:
     Candidates it does not name start at 0; HiGHS discards a start that is
     not feasible (the new statistics ruled an option out) and solves from
     scratch. The optimum does not depend on it."""
+    start_from: str = "the given plan"
+    """What ``start`` is, for the solution's note."""
 
 
 @dataclass(slots=True)
@@ -110,6 +114,16 @@ class _Model:
         if name not in self.continuous:
             self.continuous[name] = len(self.continuous)
         return len(self.vars) + self.continuous[name]
+
+
+def with_start(options: SolverOptions, solution: PlanSolution, what: str) -> SolverOptions:
+    """``options`` starting from ``solution``, a legal plan found before the
+    solve (``what`` names it in the note), e.g. the lowest-peak plan for the
+    solves at the reachable minimum; a start already given (a re-plan's) is
+    kept."""
+    if options.start is not None or not solution.choices:
+        return options
+    return dataclasses.replace(options, start=dict(solution.choices), start_from=what)
 
 
 def solve_milp(
@@ -168,7 +182,7 @@ def solve_milp(
             choices[var.candidate] = Choice(decision=var.decision, codec=var.codec)
     return PlanSolution(
         choices=choices, status=label, solver="milp", solve_seconds=seconds, windows=windows,
-        notes=("started from the given plan",) if started else (),
+        notes=(f"started from {options.start_from}",) if started else (),
     )
 
 

@@ -34,7 +34,7 @@ from .candidates import CandidateSet
 from .compress_rewrite import apply_compression
 from .fusion import Realization
 from .memory_sim import MemoryTimeline, simulate_step
-from .milp import SolverOptions, solve_milp
+from .milp import SolverOptions, solve_milp, with_start
 from .peak_model import SimulatedPeak, simulate
 from .plan_problem import PlanProblem, PlanSolution, added_seconds, check_solution, saved_bytes
 from .policies import get_policy
@@ -99,10 +99,15 @@ def search_plan(
     if solution.status == "infeasible" and not fixed:
         requested_boundary = budget.boundary_bytes
         budget, lowest = clamp_to_minimum(budget, reduction.problem, options, on_infeasible=on_infeasible)
-        budget = _boundary_at_minimum(reduction.problem, budget, requested_boundary, options)
+        budget, least = _boundary_at_minimum(
+            reduction.problem, budget, requested_boundary, with_start(options, lowest, "the lowest-peak plan")
+        )
         # The fastest plan at that peak (the lowest-peak solve only breaks
-        # ties on time, and does not place recomputation in windows).
-        fastest_at_minimum = _solve(reduction.problem, budget, planner, options)
+        # ties on time, and does not place recomputation in windows), started
+        # from the least-bytes plan at the minimum, which meets both caps.
+        fastest_at_minimum = _solve(
+            reduction.problem, budget, planner, with_start(options, least, "the least-bytes plan at the minimum")
+        )
         solution = fastest_at_minimum if fastest_at_minimum.status != "infeasible" else lowest
         source = "minimum"
     solution = reduction.expand(solution)
@@ -128,7 +133,7 @@ def search_plan(
 
 def _boundary_at_minimum(
     problem: PlanProblem, budget: BudgetResolution, requested: int | None, options: SolverOptions
-) -> BudgetResolution:
+) -> tuple[BudgetResolution, PlanSolution]:
     """At the reachable minimum this graph's own peak cannot fall further,
     but what it holds at its forward/backward boundary still lies under the
     peaks of the graphs that run inside its backward window (a loss graph
@@ -139,10 +144,10 @@ def _boundary_at_minimum(
     at_minimum = dataclasses.replace(problem, budget_bytes=budget.budget_bytes, boundary_budget_bytes=None)
     least = solve_milp(at_minimum, options, minimize="bytes")
     if not least.choices:
-        return budget
+        return budget, least
     least_bytes = int(saved_bytes(problem, least) * (1 + 1e-6)) + 1
     cap = least_bytes if requested is None else max(requested, least_bytes)
-    return dataclasses.replace(budget, boundary_bytes=cap)
+    return dataclasses.replace(budget, boundary_bytes=cap), least
 
 
 def _solve(problem: PlanProblem, budget: BudgetResolution, planner: str, options: SolverOptions) -> PlanSolution:
