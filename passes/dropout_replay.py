@@ -4,10 +4,11 @@ the mask instead of keeping it.
 
 Why: dropout is random, and adacc never re-runs a random op in the backward
 (no RNG replay, `candidates`). Where dropout reaches the joint graph as one
-``native_dropout`` node (Inductor with ``fallback_random=True``), its float output (the attention probabilities after dropout: 12
-MiB per block on Hugging Face GPT-2 at batch 8, seq 256) could only be kept,
-although everything random about it is in its boolean mask, which the
-backward keeps anyway and which the lossless ``bitmask`` codec packs 8x.
+``native_dropout`` node (Inductor with ``fallback_random=True``), its float
+output (the attention probabilities after dropout: 12 MiB per block on
+Hugging Face GPT-2 at batch 8, seq 256) could only be kept, although
+everything random about it is in its boolean mask, which the backward keeps
+anyway and which the lossless ``bitmask`` codec packs 8x.
 Full activation checkpointing gets that value back by replaying the RNG;
 here it comes back from the mask, bit for bit: ATen computes the output as
 ``input.mul(mask).mul_(scale)`` (CPU; the CUDA kernel and PyTorch's own

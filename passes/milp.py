@@ -42,7 +42,6 @@ can be written as an ``.lp`` file for inspection.
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import sys
 import time

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from adacc_compile.passes.milp import SolverOptions, solve_milp
+from adacc_compile.passes.milp import SolverOptions, solve_milp, with_start
 from adacc_compile.passes.plan_problem import (
     Candidate,
     Choice,
@@ -175,3 +175,18 @@ def test_a_start_plan_never_changes_the_optimum(seed):
         assert added_seconds(problem, warm) == pytest.approx(added_seconds(problem, cold), rel=1e-6, abs=1e-12)
     accepted = solve_milp(problem, SolverOptions(mip_rel_gap=0.0, start=cold.choices))
     assert "started from the given plan" in accepted.notes
+
+
+def test_with_start_names_its_plan_and_keeps_a_given_start():
+    """The solves at the reachable minimum start from a plan found before
+    them; the solution's note says which; a re-plan's own start wins; an
+    empty plan is no start."""
+    problem = random_problem(random.Random(3), n=6, with_codecs=False)
+    cold = solve_milp(problem)
+    assert cold.choices
+    started = with_start(SolverOptions(), cold, "the cold optimum")
+    assert started.start == cold.choices and started.start_from == "the cold optimum"
+    assert "started from the cold optimum" in solve_milp(problem, started).notes
+    given = SolverOptions(start={})
+    assert with_start(given, cold, "the cold optimum") is given
+    assert with_start(SolverOptions(), PlanSolution(choices={}, status="infeasible", solver="milp"), "nothing").start is None
