@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--accuracy", default="lossless", choices=ACCURACY_MODES)
     plan.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: plan one rank's shard")
     plan.add_argument("--dump", metavar="DIR", help="write the dump artifacts and a strategy memory plot to DIR")
+    plan.add_argument("--no-fold", action="store_true",
+                      help="trace every block (default: a deep stack of identical blocks is traced with three "
+                           "and planned at its full depth)")
     plan.add_argument("--solver-time-limit", type=float, default=30.0, help="HiGHS time limit, seconds")
     return parser
 
@@ -88,7 +91,8 @@ def run_plan(args: argparse.Namespace, out: TextIO, *, fork: bool = False) -> in
     progress = Progress(out)
     dtype = plan_preview.DTYPES[args.dtype]
     progress.start(f"tracing {source.label} (batch {args.batch}, seq {args.seq}) under fake tensors")
-    traced = plan_preview.trace(source, batch=args.batch, seq=args.seq, dtype=dtype)
+    fold = not args.no_fold
+    traced = plan_preview.trace(source, batch=args.batch, seq=args.seq, dtype=dtype, fold=fold)
     progress.done()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*reachable minimum.*")
@@ -99,7 +103,7 @@ def run_plan(args: argparse.Namespace, out: TextIO, *, fork: bool = False) -> in
         if not result.fits:
             progress.start("searching the largest batch that fits")
             def minimum_at(batch: int) -> int:
-                return _reachable_minimum(source, batch, args.seq, dtype, minimum_config)
+                return _reachable_minimum(source, batch, args.seq, dtype, minimum_config, fold)
 
             clamped = result.summary["budget_clamped_to_minimum"]
             search = batch_search.largest_batch(
@@ -117,14 +121,16 @@ def run_plan(args: argparse.Namespace, out: TextIO, *, fork: bool = False) -> in
     return 0
 
 
-def _reachable_minimum(source: ModelSource, batch: int, seq: int, dtype: torch.dtype, config: AdaccConfig) -> int:
+def _reachable_minimum(
+    source: ModelSource, batch: int, seq: int, dtype: torch.dtype, config: AdaccConfig, fold: bool
+) -> int:
     """The lowest activation peak a plan reaches at ``batch``: the simulated
     peak of the plan made for a budget of two bytes, which the budget stage
     clamps to the reachable minimum (the split graphs' simulation, not the
     model's bound, so it is what that plan would hold)."""
     from adacc_compile import plan_preview
 
-    state = plan_preview.plan(plan_preview.trace(source, batch=batch, seq=seq, dtype=dtype), config)
+    state = plan_preview.plan(plan_preview.trace(source, batch=batch, seq=seq, dtype=dtype, fold=fold), config)
     return int(state.report["summary"]["predicted_activation_peak_bytes"])
 
 

@@ -21,6 +21,7 @@ routes that need it import it, and say so when it is missing.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import os
@@ -69,6 +70,11 @@ class ModelSource:
     tensors and the default dtype to build in."""
     max_positions: int | None = None
     """The config's ``max_position_embeddings`` (None when unknown)."""
+    layers: int | None = None
+    """Depth of the block stack (None when unknown: a user factory)."""
+    with_layers: Callable[[int], "ModelSource"] | None = None
+    """The same model with fewer identical blocks (depth folding,
+    `passes.depth_fold`); None where the blocks may differ."""
 
 
 def resolve_model(name: str, *, tp: int = 1) -> ModelSource:
@@ -114,6 +120,11 @@ def _hf_source(label: str, kwargs: dict[str, Any], route: str, tp: int) -> Model
     config.use_cache = False
     if tp > 1:
         config = shard_config(config, tp)
+    return _config_source(label, config, model_type, route, tp)
+
+
+def _config_source(label: str, config: Any, model_type: str, route: str, tp: int) -> ModelSource:
+    transformers = _transformers(f"MODEL {label!r}")
 
     def build() -> torch.nn.Module:
         try:
@@ -130,12 +141,32 @@ def _hf_source(label: str, kwargs: dict[str, Any], route: str, tp: int) -> Model
     )
     ffn = getattr(config, "intermediate_size", None)
     shape += f", FFN {ffn}" if ffn else ""
+    layers = getattr(config, "num_hidden_layers", None)
     return ModelSource(
         label=label,
         description=f"{label} ({route}; {model_type}: {shape}" + (f"; TP shard 1/{tp}" if tp > 1 else "") + ")",
         build=build,
         max_positions=getattr(config, "max_position_embeddings", None),
+        layers=layers if isinstance(layers, int) else None,
+        with_layers=(lambda k: _config_source(label, _shallower(config, k), model_type, route, tp))
+        if _uniform_layers(config) else None,
     )
+
+
+def _uniform_layers(config: Any) -> bool:
+    """Every layer is built alike (no per-layer types such as sliding-window
+    and full attention alternating)."""
+    types = getattr(config, "layer_types", None)
+    return not types or len(set(types)) == 1
+
+
+def _shallower(config: Any, layers: int) -> Any:
+    shallow = copy.deepcopy(config)
+    shallow.num_hidden_layers = layers
+    types = getattr(shallow, "layer_types", None)
+    if types:
+        shallow.layer_types = list(types)[:layers]
+    return shallow
 
 
 def shard_config(config: Any, tp: int) -> Any:

@@ -28,6 +28,7 @@ plus each plan's added time by adacc's cost model (recomputation, codecs).
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -42,7 +43,10 @@ from adacc_compile.model_source import ModelSource
 from adacc_compile.passes.default_plan import default_plan
 from adacc_compile.passes.fusion import Realization
 from adacc_compile.passes.memory_sim import MemoryTimeline, simulate_step
-from adacc_compile.passes.plan_problem import PlanProblem, PlanSolution, added_seconds, check_solution
+from adacc_compile.passes.depth_fold import FOLD_TRACE_BLOCKS, timeline_held_bytes
+from adacc_compile.passes.plan_problem import (
+    PlanProblem, PlanSolution, added_seconds, check_solution, repeated_held_bytes,
+)
 from adacc_compile.passes.policies import recompute_all_policy
 from adacc_compile.passes.rewrite import saved_values_for, split_joint_graph
 from adacc_compile.pipeline import run_pipeline
@@ -65,6 +69,9 @@ class Traced:
     seq: int
     parameter_bytes: int
     trace_seconds: float
+    fold_copies: int = 0
+    """Depth folding: blocks the model has beyond the traced ones (0: the
+    whole model was traced)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,9 +107,15 @@ class Preview:
         return bool(self.summary["activation_peak_fits_budget"]) and not self.summary["budget_clamped_to_minimum"]
 
 
-def trace(source: ModelSource, *, batch: int, seq: int, dtype: torch.dtype) -> Traced:
+def trace(source: ModelSource, *, batch: int, seq: int, dtype: torch.dtype, fold: bool = False) -> Traced:
     """The model's joint graph at ``(batch, seq)`` token ids, built and traced
-    under fake tensors in ``dtype``."""
+    under fake tensors in ``dtype``. With ``fold``, a model deeper than
+    `FOLD_TRACE_BLOCKS` blocks is traced with that many and planned at its
+    full depth (`depth_fold`), where its source can build it shallower."""
+    copies = 0
+    if fold and source.layers is not None and source.with_layers is not None and source.layers > FOLD_TRACE_BLOCKS:
+        copies = source.layers - FOLD_TRACE_BLOCKS
+        source = source.with_layers(FOLD_TRACE_BLOCKS)
     start = time.perf_counter()
     previous = torch.get_default_dtype()
     with compat.fake_tensors():
@@ -119,8 +132,22 @@ def trace(source: ModelSource, *, batch: int, seq: int, dtype: torch.dtype) -> T
             f"{source.label}: Dynamo's first graph does not end in the loss (a graph break before it); "
             "adacc plan needs the step as one graph (TORCH_LOGS=graph_breaks shows where it breaks)"
         )
+    if copies:
+        parameter_bytes = _deep_parameter_bytes(model, parameter_bytes, copies)
     return Traced(joint=joint, batch=batch, seq=seq, parameter_bytes=parameter_bytes,
-                  trace_seconds=time.perf_counter() - start)
+                  trace_seconds=time.perf_counter() - start, fold_copies=copies)
+
+
+def _deep_parameter_bytes(model: torch.nn.Module, traced_bytes: int, copies: int) -> int:
+    """The deep model's parameter bytes: the traced ones plus ``copies``
+    times those of one block (the middle block of the traced stack)."""
+    per_block: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        match = re.search(r"^(.*?\.\d+)\.", name)
+        if match:
+            per_block[match.group(1)] = per_block.get(match.group(1), 0) + p.numel() * p.element_size()
+    blocks = sorted(per_block)
+    return traced_bytes + copies * (per_block[blocks[len(blocks) // 2]] if blocks else 0)
 
 
 def plan(traced: Traced, config: AdaccConfig) -> PartitionState:
@@ -137,6 +164,7 @@ def _state(traced: Traced, config: AdaccConfig) -> PartitionState:
         num_fwd_outputs=int(joint.kwargs["num_fwd_outputs"]),
         static_lifetime_input_indices=list(joint.kwargs.get("static_lifetime_input_indices") or []),
         mode=Realization.INDUCTOR,
+        fold_copies=traced.fold_copies,
     )
 
 
@@ -236,16 +264,22 @@ def _simulate_saved(state: PartitionState, name: str, saved: set[str], base_seco
         if n.name in saved or (n in state.info.forward_nodes and (compat.is_primal(n) or compat.is_sym_node(n)))
     ]
     as_plan = default_plan(state.candidates.problem, saved)
-    return _strategy(state, name, nodes, base_seconds + _added(state, as_plan))
+    return _strategy(state, name, nodes, base_seconds + _added(state, as_plan), None)
 
 
 def _simulate_plan(state: PartitionState, name: str, solution: PlanSolution, base_seconds: float) -> Strategy:
     assert state.candidates is not None and state.info is not None
     nodes = saved_values_for(state.joint, state.info, state.candidates, solution)
-    return _strategy(state, name, nodes, base_seconds + _added(state, solution))
+    held = repeated_held_bytes(state.candidates.problem, solution)
+    return _strategy(state, name, nodes, base_seconds + _added(state, solution), held)
 
 
-def _strategy(state: PartitionState, name: str, saved: list[fx.Node], step_seconds: float) -> Strategy:
+def _strategy(
+    state: PartitionState, name: str, saved: list[fx.Node], step_seconds: float, held: int | None
+) -> Strategy:
+    """Splits and simulates one strategy; under depth folding its timeline is
+    extended to the deep step's with what it holds of the repeated block
+    (``held``; None: read off the timeline, for PyTorch's saved sets)."""
     assert state.info is not None
     with compat.lazy_graph_modules():
         fw, bw = split_joint_graph(state.joint, state.info, saved, num_fwd_outputs=state.num_fwd_outputs)
@@ -253,6 +287,8 @@ def _strategy(state: PartitionState, name: str, saved: list[fx.Node], step_secon
             fw, bw, num_fwd_outputs=state.num_fwd_outputs, forward_names=state.forward_names,
             mode=Realization.INDUCTOR,
         )
+    if state.fold is not None:
+        timeline = state.fold.extend(timeline, timeline_held_bytes(timeline, state.fold) if held is None else held)
     return Strategy(
         name=name,
         saved_bytes=timeline.saved_bytes,

@@ -34,9 +34,18 @@ def report_text(*, source: ModelSource, args: argparse.Namespace, result: Previe
         f"planned in {result.plan_seconds:.1f} s (MILP {s['solve_seconds']:.2f} s, {s['solver_status']}), "
         f"strategies simulated in {result.compare_seconds:.1f} s",
     ]
+    fold = s.get("depth_fold") or {}
+    fold_repeat = result.state.fold.repeat if result.state.fold is not None else None
+    if fold.get("used"):
+        traced_blocks, planned = fold["traced_blocks"], fold["planned_blocks"]
+        lines.append(
+            f"  depth folding: traced {traced_blocks} of {planned} identical blocks and planned all {planned}: "
+            f"{fold['repeated_block']} stands for itself and {fold['copies']} more copies with its decisions "
+            f"(--no-fold traces every block)"
+        )
     if source.max_positions is not None and traced.seq > source.max_positions:
         lines.append(f"  note: seq {traced.seq} exceeds the config's max_position_embeddings {source.max_positions}")
-    lines += ["", "Plan, folded by block (identical decisions share a row):", folded_plan_table(result.state.report["plan"])]
+    lines += ["", "Plan, folded by block (identical decisions share a row):", folded_plan_table(result.state.report["plan"], repeat=fold_repeat)]
     lines += ["", strategy_table(result.strategies, budget, traced.parameter_bytes)]
     lines += ["", *verdict(result, search, budget)]
     return "\n".join(lines)

@@ -37,7 +37,7 @@ from adacc_compile import compat
 from adacc_compile.overlap import OverlapState
 from adacc_compile.passes.annotate import META_KEY
 from adacc_compile.passes.milp import write_lp
-from adacc_compile.passes.plan_problem import Decision, added_seconds, saved_bytes
+from adacc_compile.passes.plan_problem import BlockRepeat, Decision, added_seconds, saved_bytes
 
 if TYPE_CHECKING:
     from adacc_compile.state import PartitionState
@@ -185,12 +185,14 @@ class BlockRow:
         return sum(nbytes for _, decision, nbytes in self.items if decision == "keep")
 
 
-def fold_by_block(records: list[dict[str, Any]]) -> list[BlockRow]:
+def fold_by_block(records: list[dict[str, Any]], repeat: BlockRepeat | None = None) -> list[BlockRow]:
     """Groups the plan records of each repeated block (``layer`` such as
     "layers.3") and folds blocks of one family whose decisions are the same
     at every position into one row; the values outside blocks get one row.
     A block that decided differently (the last one, often, which the
-    backward meets first) keeps its own row."""
+    backward meets first) keeps its own row. Under depth folding
+    (``repeat``) the rows count the deep model's blocks: the repeated one
+    with its copies, those after it renumbered."""
     per_block: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         if r["decision"] != Decision.NONE.value:
@@ -203,19 +205,33 @@ def fold_by_block(records: list[dict[str, Any]]) -> list[BlockRow]:
         if not block or not index.isdigit():
             rows.append(BlockRow(family=block, indices=(), items=items))
             continue
-        patterns.setdefault((family, items), []).append(int(index))
+        patterns.setdefault((family, items), []).extend(_deep_indices(family, int(index), repeat))
     folded = [BlockRow(family=f, indices=tuple(sorted(ix)), items=items) for (f, items), ix in patterns.items()]
     folded.sort(key=lambda row: (row.family, row.indices[0]))
     return folded + rows
 
 
-def folded_plan_table(records: list[dict[str, Any]], *, width: int = 110) -> str:
+def _deep_indices(family: str, index: int, repeat: BlockRepeat | None) -> list[int]:
+    if repeat is None:
+        return [index]
+    rep_family, _, rep_index = repeat.block.rpartition(".")
+    if family != rep_family or not rep_index.isdigit():
+        return [index]
+    r = int(rep_index)
+    if index < r:
+        return [index]
+    if index == r:
+        return list(range(r, r + repeat.copies + 1))
+    return [index + repeat.copies]
+
+
+def folded_plan_table(records: list[dict[str, Any]], *, width: int = 110, repeat: BlockRepeat | None = None) -> str:
     """The plan folded by block: one row per distinct block decision pattern
     (``layers 0-30 (x31)``) and one for the values outside blocks, instead
     of one row per candidate (thousands at 32 layers)."""
     import textwrap
 
-    rows = fold_by_block(records)
+    rows = fold_by_block(records, repeat)
     labels = _family_labels({row.family for row in rows if row.indices})
     lines = [f"{'blocks':<22} {'n':>3} {'kept MiB/block':>14}  decisions (per block)"]
     for row in rows:
@@ -270,6 +286,8 @@ def summarize(state: "PartitionState") -> dict[str, Any]:
     step_seconds = sum(
         n.meta[META_KEY].runtime_s for n in state.joint.graph.nodes if META_KEY in n.meta
     )
+    if state.fold is not None:
+        step_seconds = state.fold.step_seconds(step_seconds)
     added = max(added_seconds(problem, state.solution) - state.budget.fastest_seconds, 0.0)
     outcome = state.outcome
     return {
@@ -308,6 +326,7 @@ def summarize(state: "PartitionState") -> dict[str, Any]:
         "decisions": {d.value: counts.get(d.value, 0) for d in Decision},
         "num_candidates": len(problem.candidates),
         "block_reuse": state.reduction.summary() if state.reduction else {"used": False},
+        "depth_fold": _depth_fold_summary(state),
         "calibration": state.calibration.summary() if state.calibration else {"used": False, "reason": "skipped"},
         "compressed_bytes_saved": _compressed_bytes_saved(state),
         "codecs": dict(Counter(c.codec for c in state.solution.choices.values() if c.codec)),
@@ -316,6 +335,19 @@ def summarize(state: "PartitionState") -> dict[str, Any]:
         "notes": list(state.solution.notes),
         **_overlap_summary(state, added),
     }
+
+
+def _repeat(state: "PartitionState") -> BlockRepeat | None:
+    return state.fold.repeat if state.fold is not None else None
+
+
+def _depth_fold_summary(state: "PartitionState") -> dict[str, Any]:
+    """Which block stood for how many more (`depth_fold`)."""
+    if state.fold is None or state.candidates is None:
+        return {"used": False}
+    family = state.fold.repeat.block.rsplit(".", 1)[0]
+    traced = {c.block for c in state.candidates.problem.candidates if c.block.rsplit(".", 1)[0] == family}
+    return {"used": True, **state.fold.summary(len(traced))}
 
 
 def _modelled_peak(state: "PartitionState") -> int | None:
@@ -379,7 +411,7 @@ def publish(state: "PartitionState") -> None:
         else:
             log.debug(
                 "adacc plan, graph %d (folded by block; %s=full for one row per value):\n%s",
-                state.graph_index, FULL_TABLE_ENV, folded_plan_table(records),
+                state.graph_index, FULL_TABLE_ENV, folded_plan_table(records, repeat=_repeat(state)),
             )
     if folder is not None:
         write_dumps(state, folder, summary, records)
@@ -420,7 +452,7 @@ def write_dumps(
     write_lp(problem, os.path.join(folder, "milp.lp"))
     _write(folder, "plan.json", json.dumps(records, indent=1))
     _write(folder, "plan_table.txt", plan_table(records) + "\n")
-    _write(folder, "plan_folded.txt", folded_plan_table(records) + "\n")
+    _write(folder, "plan_folded.txt", folded_plan_table(records, repeat=_repeat(state)) + "\n")
     assert state.fw_module is not None and state.bw_module is not None
     _write(folder, "forward.py", state.fw_module.print_readable(print_output=False))
     _write(folder, "backward.py", state.bw_module.print_readable(print_output=False))

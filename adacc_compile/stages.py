@@ -15,10 +15,12 @@ from adacc_compile.passes.calibrate import (
 from adacc_compile.passes.candidates import CandidateSet, find_candidates
 from adacc_compile.passes.codec_options import allowed_codecs, make_compress_options
 from adacc_compile.passes.default_plan import default_plan
+from adacc_compile.passes.depth_fold import make_fold, repeated_block
 from adacc_compile.passes.device_profile import profile_by_name
 from adacc_compile.passes.dropout_replay import replay_dropout_from_masks
 from adacc_compile.passes.fusion import Realization
 from adacc_compile.passes.peak_model import build_memory_model
+from adacc_compile.passes.plan_problem import BlockRepeat
 from adacc_compile.passes.plan_search import SplitContext, search_plan
 from adacc_compile.passes.structure import block_classes, no_reduction, protect_block_boundaries, reduce_identical_blocks
 from adacc_compile.passes.verify import verify_split
@@ -103,7 +105,10 @@ def structure_stage(state: PartitionState) -> None:
     coarse: frozenset[str] = frozenset()
     if len(full.candidates) > EXACT_MODEL_CANDIDATES:
         coarse = frozenset(b for cls in protected for b in cls[1:])
-    if state.config.block_reuse and not full.windows and classes:
+    reuse = state.config.block_reuse and not full.windows and bool(classes)
+    if state.fold_copies:
+        full = _fold(state, full, classes if reuse else (), sizes)
+    if reuse:
         reduction = reduce_identical_blocks(full, nodes, classes)
     else:
         reduction = no_reduction(full)
@@ -112,6 +117,22 @@ def structure_stage(state: PartitionState) -> None:
     state.reduction = dataclasses.replace(
         reduction, problem=dataclasses.replace(reduction.problem, memory=memory, layout=full.layout)
     )
+
+
+def _fold(state: PartitionState, full, classes: tuple[tuple[str, ...], ...], sizes: dict[str, int]):
+    """Depth folding: a middle block of the largest class of identical
+    blocks stands for ``fold_copies`` more (`depth_fold`). It needs block
+    reuse (the copies share the block's decisions)."""
+    assert state.info is not None
+    block = repeated_block(classes, sizes)
+    if block is None:
+        raise ValueError(
+            "depth folding needs identical repeated blocks with block reuse on; "
+            "this graph has none (trace the whole model instead)"
+        )
+    repeat = BlockRepeat(block=block, copies=state.fold_copies)
+    state.fold = make_fold(state.joint, state.info, state.num_fwd_outputs, repeat)
+    return dataclasses.replace(full, repeat=repeat)
 
 
 def budget_stage(state: PartitionState) -> None:
@@ -145,6 +166,7 @@ def plan_stage(state: PartitionState) -> None:
             c.name for c in state.candidates.problem.candidates
             if c.lifetime is not None and c.lifetime.produced < 0
         ),
+        fold=state.fold,
     )
     outcome = search_plan(
         context, state.candidates, state.reduction, state.budget,

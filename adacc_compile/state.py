@@ -14,6 +14,7 @@ from adacc_compile.config import AdaccConfig
 from adacc_compile.passes.budget import BudgetResolution
 from adacc_compile.passes.calibrate import Calibration
 from adacc_compile.passes.candidates import CandidateSet
+from adacc_compile.passes.depth_fold import DepthFold
 from adacc_compile.passes.device_profile import DeviceProfile
 from adacc_compile.passes.fusion import Realization
 from adacc_compile.passes.memory_sim import MemoryTimeline
@@ -41,6 +42,11 @@ class PartitionState:
     """What PyTorch's default plans of those graphs would hold (a ratio
     budget is of the step's default total)."""
     earlier_graphs: tuple[int, ...] = ()
+    fold_copies: int = 0
+    """Depth folding (`depth_fold`, ``adacc plan`` on a deep model traced
+    shallow): the number of copies of a middle block the step has beyond
+    the traced ones (0: the graph is the whole step)."""
+    fold: DepthFold | None = None
     real_inputs: list[Any] | None = None
     """Real values of the graph's primal inputs, when the backend has them
     (calibration); dropped once calibrated."""

@@ -72,6 +72,10 @@ class MemoryTimeline:
     saved_bytes: int
     """Bytes held at the forward/backward boundary."""
     events: tuple[MemoryEvent, ...] = field(default_factory=tuple)
+    saved_by_node: dict[str, int] = field(default_factory=dict)
+    """Saved forward output -> the bytes of the storages it is the first
+    saved output to hold (a view of a saved value adds nothing); they sum
+    to ``saved_bytes``."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -144,6 +148,7 @@ def simulate_step(
                 storage.activation = False
                 state.activation -= storage.nbytes
     saved_storages: dict[int, _Storage] = {}
+    saved_by_node: dict[str, int] = {}
     for out in saved_outputs:
         if out is not None and out.op == "placeholder" and out.name in charged:
             fw_storages[out] = [_Storage(nbytes=_nbytes(out.meta.get("val")), activation=True)]
@@ -152,6 +157,8 @@ def simulate_step(
             if not storage.activation:  # also a user output: held for the backward now
                 storage.activation = True
                 state.activation += storage.nbytes
+            if id(storage) not in saved_storages:
+                saved_by_node[out.name] = saved_by_node.get(out.name, 0) + storage.nbytes
             saved_storages[id(storage)] = storage
     # The backward's placeholders take over the saved storages' references.
     state.activation = sum(s.nbytes for s in saved_storages.values())
@@ -184,6 +191,7 @@ def simulate_step(
         activation_peak_bytes=max(state.activation_peak, saved_bytes),
         saved_bytes=saved_bytes,
         events=tuple(state.events),
+        saved_by_node=saved_by_node,
     )
 
 

@@ -141,6 +141,11 @@ def solve_milp(
         time_cap_s: with ``minimize="bytes"``, cap the added time (used to
             find the smallest footprint among time-optimal plans).
     """
+    if problem.repeat is not None:
+        raise ValueError(
+            "solve_milp needs the block-reduced problem under depth folding: its representatives "
+            "carry the repeated block's copies (structure.reduce_identical_blocks)"
+        )
     stuck = [c.name for c in problem.candidates if c.required and not _options(c)]
     if stuck:
         note = f"required values with no legal option: {stuck}"

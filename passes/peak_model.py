@@ -40,6 +40,12 @@ blocks of a class of identical blocks other than its representative each
 form one segment (the representative, processed first in the backward,
 holds every other block's saved values and is where the peak lies), which
 keeps the model small at 32 layers while staying an upper bound.
+
+Under depth folding (``problem.repeat``, `depth_fold`) one block stands for
+copies of itself: the rows and the simulation add what the copies hold
+(``copies`` x the block's kept bytes and payloads, on the representative's
+variables) at every position from the block's forward to its backward
+(`repeat_span`).
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ from .plan_problem import (
     MemoryRow,
     PlanProblem,
     PlanSolution,
+    StepLayout,
+    repeated_held_bytes,
 )
 
 MAX_SEGMENTS = 600
@@ -271,8 +279,10 @@ def build_memory_model(
                     bounds.append(AuxBound(const=-1.0, terms=((str(un), 1.0), (rec, 1.0))))
             need_var[(cand.name, s)] = b.new(bounds) if bounds else 0.0
         _add_backward_terms(b, cand, span, direct, need_var, rows_bw, ranges, rep_of)
-    ranges.flush(rows_bw)
     rows_fw = _forward_rows(b, problem, fw, users, rep_of)
+    if problem.repeat is not None:
+        _add_repeat_terms(problem, fw, bw, rows_fw, ranges, rep_of)
+    ranges.flush(rows_bw)
     rows = _merge(
         [("fw", i, r) for i, r in enumerate(rows_fw)] + [("bw", i, (0.0, r)) for i, r in enumerate(rows_bw)]
     )
@@ -343,6 +353,47 @@ def _add_backward_terms(
                 _add_payload(b, rows[s], nbytes, comp, f_before)
             if cand.keep_bytes:
                 _add_product(b, rows[s], cand.keep_bytes, [comp], [fs, gs])
+
+
+def repeat_span(layout: StepLayout, block: str) -> tuple[int, int]:
+    """Where the copies of a repeated ``block`` hold their values: forward
+    positions from the block's first on, backward positions up to its last
+    (the copies run right after it in the forward, so right before it in
+    the backward). Returns (first forward position, last backward one)."""
+    forward = [p for p, layer in enumerate(layout.forward_layers) if layer == block]
+    backward = [p for p, layer in enumerate(layout.backward_layers) if layer == block]
+    if not forward or not backward:
+        raise ValueError(f"repeated block {block!r} has no forward or no backward position")
+    return forward[0], backward[-1]
+
+
+def _add_repeat_terms(
+    problem: PlanProblem,
+    fw: Segments,
+    bw: Segments,
+    rows_fw: list[tuple[float, dict[str, float]]],
+    ranges: _Ranges,
+    rep_of: dict[str, str],
+) -> None:
+    """The repeated block's copies: ``copies`` x what the block holds (kept
+    bytes, compressed payloads) over `repeat_span`. A copy's own working set
+    is the block's, so the rows at the block itself bound the copies' too."""
+    repeat = problem.repeat
+    assert repeat is not None and problem.layout is not None
+    first_fw, last_bw = repeat_span(problem.layout, repeat.block)
+    terms: dict[str, float] = defaultdict(float)
+    for cand in problem.candidates:
+        if cand.block != repeat.block or cand.lifetime is None:
+            continue
+        if cand.can_keep and cand.keep_bytes:
+            terms[_key("keep", cand.name, rep_of)] += repeat.copies * cand.keep_bytes
+        for option in cand.compress:
+            if option.nbytes:
+                terms[_key("comp", cand.name, rep_of, option.codec)] += repeat.copies * option.nbytes
+    for key, coef in terms.items():
+        ranges.add(key, 0, bw.of[last_bw], coef)
+        for s in range(fw.of[first_fw], fw.count):
+            rows_fw[s][1][key] += coef
 
 
 def _max_of(b: _Builder, x: str | float, y: str | float) -> str | float:
@@ -578,6 +629,12 @@ def simulate(problem: PlanProblem, solution: PlanSolution) -> SimulatedPeak:
             _span_add(fw, temp_end + 1, last, cand.keep_bytes)
         elif d is Decision.COMPRESS:
             _span_add(fw, lt.produced, last, next(o.nbytes for o in cand.compress if o.codec == codec[cand.name]))
+    if problem.repeat is not None:
+        first_fw, last_bw = repeat_span(layout, problem.repeat.block)
+        held = problem.repeat.copies * repeated_held_bytes(problem, solution)
+        _span_add(fw, first_fw, last, held)
+        _span_add(bw, 0, last_bw, held)
+        saved += held
     fw_peak = max(fw, default=0.0)
     bw_peak = max(bw, default=0)
     if fw_peak >= bw_peak:

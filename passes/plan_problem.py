@@ -163,6 +163,17 @@ class CommWindow:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class BlockRepeat:
+    """One block of the problem stands for ``copies`` more identical blocks
+    right after itself (depth folding, `depth_fold`): every copy takes the
+    block's decisions, holds what the block holds from its forward to its
+    backward, and costs what it costs."""
+
+    block: str
+    copies: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlanProblem:
     candidates: tuple[Candidate, ...]
     """In topological order."""
@@ -178,6 +189,10 @@ class PlanProblem:
     layout: StepLayout | None = None
     memory: MemoryModel | None = None
     """Rows bounding the activation memory at every position of the step."""
+    repeat: BlockRepeat | None = None
+    """A block standing for more copies of itself (None: what is traced is
+    the whole step). Solvers see a reduced problem whose representatives
+    carry the copies' bytes and seconds already (`structure`)."""
 
     def by_name(self) -> dict[str, Candidate]:
         return {c.name: c for c in self.candidates}
@@ -218,34 +233,58 @@ class InfeasibleBudgetError(ValueError):
         )
 
 
+def held_bytes(cand: Candidate, choice: Choice | None) -> int:
+    """Bytes ``cand`` holds at the forward/backward boundary under ``choice``."""
+    if choice is None:
+        return 0
+    if choice.decision is Decision.KEEP:
+        return cand.keep_bytes
+    if choice.decision is Decision.COMPRESS:
+        return next(o.nbytes for o in cand.compress if o.codec == choice.codec)
+    return 0
+
+
+def choice_seconds(cand: Candidate, choice: Choice | None) -> float:
+    """Time ``choice`` costs for ``cand`` (the MILP's objective term)."""
+    if choice is None:
+        return 0.0
+    if choice.decision is Decision.KEEP:
+        return cand.keep_seconds
+    if choice.decision is Decision.RECOMPUTE:
+        return cand.recompute_seconds
+    if choice.decision is Decision.COMPRESS:
+        return next(o.seconds for o in cand.compress if o.codec == choice.codec)
+    return 0.0
+
+
+def repeated_held_bytes(problem: PlanProblem, solution: PlanSolution) -> int:
+    """What one copy of the repeated block holds between its forward and its
+    backward (0 without a `BlockRepeat`)."""
+    if problem.repeat is None:
+        return 0
+    block = problem.repeat.block
+    return sum(held_bytes(c, solution.choices.get(c.name)) for c in problem.candidates if c.block == block)
+
+
 def saved_bytes(problem: PlanProblem, solution: PlanSolution) -> int:
-    """Bytes held at the forward/backward boundary under ``solution``."""
-    total = 0
-    for cand in problem.candidates:
-        choice = solution.choices.get(cand.name)
-        if choice is None:
-            continue
-        if choice.decision is Decision.KEEP:
-            total += cand.keep_bytes
-        elif choice.decision is Decision.COMPRESS:
-            total += next(o.nbytes for o in cand.compress if o.codec == choice.codec)
+    """Bytes held at the forward/backward boundary under ``solution`` (the
+    repeated block's copies included)."""
+    total = sum(held_bytes(c, solution.choices.get(c.name)) for c in problem.candidates)
+    if problem.repeat is not None:
+        total += problem.repeat.copies * repeated_held_bytes(problem, solution)
     return total
 
 
 def added_seconds(problem: PlanProblem, solution: PlanSolution) -> float:
     """Estimated time of the plan's choices (the MILP's objective): keeping
-    (writes and reads), recomputation, codecs."""
+    (writes and reads), recomputation, codecs; the repeated block's copies
+    included."""
     total = 0.0
+    copies = problem.repeat.copies if problem.repeat is not None else 0
+    block = problem.repeat.block if problem.repeat is not None else None
     for cand in problem.candidates:
-        choice = solution.choices.get(cand.name)
-        if choice is None:
-            continue
-        if choice.decision is Decision.KEEP:
-            total += cand.keep_seconds
-        elif choice.decision is Decision.RECOMPUTE:
-            total += cand.recompute_seconds
-        elif choice.decision is Decision.COMPRESS:
-            total += next(o.seconds for o in cand.compress if o.codec == choice.codec)
+        seconds = choice_seconds(cand, solution.choices.get(cand.name))
+        total += seconds * (1 + copies) if cand.block == block else seconds
     return total
 
 

@@ -32,6 +32,7 @@ from adacc_compile import compat
 from .budget import BudgetResolution, clamp_to_minimum
 from .candidates import CandidateSet
 from .compress_rewrite import apply_compression
+from .depth_fold import DepthFold
 from .fusion import Realization
 from .memory_sim import MemoryTimeline, simulate_step
 from .milp import SolverOptions, solve_milp, with_start
@@ -55,6 +56,9 @@ class SplitContext:
     num_fwd_outputs: int
     mode: Realization
     charged_inputs: frozenset[str]
+    fold: DepthFold | None = None
+    """Depth folding: the split graphs' timeline is extended to the deep
+    step's (`depth_fold`)."""
 
     @property
     def forward_names(self) -> set[str]:
@@ -189,6 +193,8 @@ def _split(
         fw, bw, num_fwd_outputs=context.num_fwd_outputs, forward_names=context.forward_names,
         mode=context.mode, charged_inputs=context.charged_inputs,
     )
+    if context.fold is not None:
+        timeline = context.fold.extend_for(timeline, candidates.problem, solution)
     return PlanOutcome(
         solution=solution,
         saved=saved,

@@ -165,16 +165,30 @@ def reduce_identical_blocks(
                 rep_of[member.name] = rep.name
                 members[rep.name].append(member.name)
     by_name = problem.by_name()
+    repeat = problem.repeat
+    if repeat is not None and not any(repeat.block in c for c in classes):
+        raise ValueError(f"repeated block {repeat.block!r} is in no class of identical blocks")
+    copies: dict[str, list[Candidate]] = defaultdict(list)  # rep -> the repeated block's member, copies times
     reduced = []
     for cand in problem.candidates:
         if cand.name in rep_of and rep_of[cand.name] != cand.name:
+            if repeat is not None and cand.block == repeat.block:
+                copies[rep_of[cand.name]] = [cand] * repeat.copies
             continue  # folded into its representative
+        if repeat is not None and cand.block == repeat.block:
+            copies[cand.name] = [cand] * repeat.copies
+    for cand in problem.candidates:
+        if cand.name in rep_of and rep_of[cand.name] != cand.name:
+            continue
         if cand.name not in members:
             reduced.append(_remap(cand, [cand], rep_of))
         else:
-            reduced.append(_remap(cand, [by_name[m] for m in members[cand.name]], rep_of))
+            group = [by_name[m] for m in members[cand.name]]
+            reduced.append(_remap(cand, group + copies.get(cand.name, []), rep_of))
+    # The representatives carry the copies' bytes and seconds: the reduced
+    # problem is the deep step's, with no repeat of its own.
     return BlockReduction(
-        problem=dataclasses.replace(problem, candidates=tuple(reduced)),
+        problem=dataclasses.replace(problem, candidates=tuple(reduced), repeat=None),
         members={rep: tuple(ms) for rep, ms in members.items()},
         classes=tuple(classes),
         full_candidates=len(problem.candidates),

@@ -132,7 +132,7 @@ def test_budget_cannot_be_met_names_smallest_budget_and_largest_batch(tiny_confi
     monkeypatch.setattr(plan_preview.Preview, "fits", property(lambda self: False))
     planned = []
 
-    def minimum_at(source, batch, seq, dtype, config):
+    def minimum_at(source, batch, seq, dtype, config, fold):
         planned.append(batch)
         return (batch + 0.5) * 2**30  # bytes: batch 4 needs 4.5 GiB
 
@@ -147,6 +147,28 @@ def test_budget_cannot_be_met_names_smallest_budget_and_largest_batch(tiny_confi
 
 
 TINY_TWO_LAYERS = {**TINY_LLAMA, "num_hidden_layers": 2}
+
+
+def test_deep_config_is_traced_shallow_and_planned_at_full_depth(tmp_path, capsys):
+    """Five identical layers: three traced, the middle one standing for
+    three; the report says so and its plan rows count all five layers.
+    ``--no-fold`` traces all five (tests/e2e/test_depth_fold.py compares
+    the figures)."""
+    pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TINY_LLAMA, "num_hidden_layers": 5}))
+    args = [str(path), "--gpu", "h100", "--budget", "0.5", "--batch", "2", "--seq", "16"]
+    code, out, err = _plan(capsys, *args, "--dump", str(tmp_path / "dump"))
+    assert code == 0, err
+    assert "depth folding: traced 3 of 5 identical blocks and planned all 5" in out
+    assert re.search(r"^layers 0-4 +5 ", out, re.M), out
+    summary = json.loads((tmp_path / "dump" / "graph_000" / "summary.json").read_text())
+    assert summary["depth_fold"]["copies"] == 2 and summary["depth_fold"]["repeated_block"].endswith("layers.1")
+    assert "layers 0-4 " in (tmp_path / "dump" / "graph_000" / "plan_folded.txt").read_text()
+    code, out, err = _plan(capsys, *args, "--no-fold")
+    assert code == 0, err
+    assert "depth folding" not in out
+    assert re.search(r"^layers 0-4 +5 ", out, re.M), out
 
 
 @pytest.mark.slow
