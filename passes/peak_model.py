@@ -458,7 +458,7 @@ def _forward_rows(
             extra[lt.forward_last_use + 1] -= lt.forward_bytes
             held_from = end + 1 if lt.forward_bytes else p
             if lt.forward_bytes:
-                _late_reader_terms(rows, lt, fw, computed, keep)
+                _late_reader_terms(b, rows, lt, fw, computed, keep)
         else:
             bounds = [AuxBound(const=0.0, terms=((keep, 1.0),))] if keep else []
             bounds += [AuxBound(const=0.0, terms=((c, 1.0),)) for c, _ in comps]
@@ -470,6 +470,9 @@ def _forward_rows(
             if lt.forward_bytes and isinstance(computed[cand.name], str):
                 for s in range(p, end + 1):
                     rows[s][computed[cand.name]] += lt.forward_bytes
+                # A late reader computed in the forward computes this value
+                # too, and keeps its storage alive until it runs.
+                _late_reader_terms(b, rows, lt, fw, computed, keep)
             held_from = end + 1 if lt.forward_bytes else p
         if keep and cand.keep_bytes:
             ranges.add(keep, held_from, last_segment, cand.keep_bytes)
@@ -485,16 +488,24 @@ def _forward_rows(
 
 
 def _late_reader_terms(
-    rows: list[dict[str, float]], lt: Lifetime, fw: Segments, computed: dict[str, str | float], keep: str | None
+    b: _Builder,
+    rows: list[dict[str, float]],
+    lt: Lifetime,
+    fw: Segments,
+    computed: dict[str, str | float],
+    keep: str | None,
 ) -> None:
     """A forward temporary read later by a value the plan may compute in the
     forward lives until that reader, if it is computed there: rows += fc[r]
-    · bytes over the extension (a kept value is counted by its keep term)."""
+    · (1 - keep) · bytes over the extension (a kept value is counted by its
+    keep term from its last forward use on)."""
     start = fw.of[lt.forward_last_use] + 1
     for name, position in lt.late_readers:
         mark = computed.get(name)
         if not isinstance(mark, str):
             continue
+        if keep is not None:
+            mark = b.new([AuxBound(const=0.0, terms=((mark, 1.0), (keep, -1.0)))])
         for s in range(start, fw.of[position] + 1):
             rows[s][mark] += lt.forward_bytes
 

@@ -39,9 +39,15 @@ def random_problem(rng: random.Random, n: int, m: int, *, codecs: bool = True) -
         reads = tuple(sorted(rng.sample(range(m), k=rng.choice([0, 0, 1, 1, 2, 3]))))
         nbytes = rng.randint(10, 100)
         fused = rng.random() < 0.3
+        last_use = max([i, *users[i]])
+        # A later value only the backward needs may read this one's storage
+        # (an alias): computed in the forward, it keeps the storage alive.
+        later = [k for k in range(last_use + 1, n) if not always[k]]
+        late = ((f"v{later[0]}", later[0]),) if later and rng.random() < 0.4 else ()
         lifetime = Lifetime(
-            produced=i, forward_last_use=max([i, *users[i]]), forward_always=always[i],
+            produced=i, forward_last_use=last_use, forward_always=always[i],
             forward_bytes=0 if fused else nbytes, backward_bytes=0 if fused else nbytes, reads=reads,
+            late_readers=late,
         )
         compress = ()
         if codecs and rng.random() < 0.3:
