@@ -20,7 +20,7 @@ from adacc_compile.passes.device_profile import profile_by_name
 from adacc_compile.passes.dropout_replay import replay_dropout_from_masks
 from adacc_compile.passes.fusion import Realization
 from adacc_compile.passes.peak_model import build_memory_model
-from adacc_compile.passes.plan_problem import BlockRepeat
+from adacc_compile.passes.plan_problem import BlockRepeat, PlanProblem
 from adacc_compile.passes.plan_search import SplitContext, search_plan
 from adacc_compile.passes.structure import block_classes, no_reduction, protect_block_boundaries, reduce_identical_blocks
 from adacc_compile.passes.verify import verify_split
@@ -119,7 +119,9 @@ def structure_stage(state: PartitionState) -> None:
     )
 
 
-def _fold(state: PartitionState, full, classes: tuple[tuple[str, ...], ...], sizes: dict[str, int]):
+def _fold(
+    state: PartitionState, full: PlanProblem, classes: tuple[tuple[str, ...], ...], sizes: dict[str, int]
+) -> PlanProblem:
     """Depth folding: a middle block of the largest class of identical
     blocks stands for ``fold_copies`` more (`depth_fold`). It needs block
     reuse (the copies share the block's decisions)."""
