@@ -125,13 +125,18 @@ def _hf_source(label: str, kwargs: dict[str, Any], route: str, tp: int) -> Model
 
 def _config_source(label: str, config: Any, model_type: str, route: str, tp: int) -> ModelSource:
     transformers = _transformers(f"MODEL {label!r}")
+    # The model's module is imported here, outside the fake tensors `build`
+    # runs under: some run tensor code at import time, which fake tensors
+    # refuse (GPT-2's module did, through transformers' kernel checks).
+    try:
+        model_class = transformers.AutoModelForCausalLM._model_mapping[type(config)]
+    except (KeyError, ValueError):
+        model_class = None
 
     def build() -> torch.nn.Module:
-        try:
-            model = transformers.AutoModelForCausalLM.from_config(config)
-        except ValueError as error:
-            raise ModelNotFound(f"{label}: {model_type} has no causal-LM model in transformers ({error})"[:400]) from None
-        return HFCausalLoss(model)
+        if model_class is None:
+            raise ModelNotFound(f"{label}: {model_type} has no causal-LM model in transformers")
+        return HFCausalLoss(transformers.AutoModelForCausalLM.from_config(config))
 
     shape = ", ".join(
         f"{key} {getattr(config, attr)}"
