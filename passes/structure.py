@@ -168,15 +168,12 @@ def reduce_identical_blocks(
     repeat = problem.repeat
     if repeat is not None and not any(repeat.block in c for c in classes):
         raise ValueError(f"repeated block {repeat.block!r} is in no class of identical blocks")
-    copies: dict[str, list[Candidate]] = defaultdict(list)  # rep -> the repeated block's member, copies times
+    # Representative -> the repeated block's member it stands for, once per copy.
+    copies: dict[str, list[Candidate]] = {
+        rep_of.get(c.name, c.name): [c] * repeat.copies
+        for c in problem.candidates if repeat is not None and c.block == repeat.block
+    }
     reduced = []
-    for cand in problem.candidates:
-        if cand.name in rep_of and rep_of[cand.name] != cand.name:
-            if repeat is not None and cand.block == repeat.block:
-                copies[rep_of[cand.name]] = [cand] * repeat.copies
-            continue  # folded into its representative
-        if repeat is not None and cand.block == repeat.block:
-            copies[cand.name] = [cand] * repeat.copies
     for cand in problem.candidates:
         if cand.name in rep_of and rep_of[cand.name] != cand.name:
             continue
