@@ -9,6 +9,8 @@ decided by op class, so classification lives in one small rule table
 from __future__ import annotations
 
 import enum
+import functools
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -86,24 +88,40 @@ _MASK_DTYPES = (torch.bool,)
 
 def op_name(node: fx.Node) -> str:
     """``aten.mm`` style name of a call_function node's op packet."""
-    target = node.target
-    packet = getattr(target, "overloadpacket", None)
-    if packet is not None:
-        return str(packet).removeprefix("torch.ops.")
-    return getattr(target, "__name__", str(target))
+    try:
+        return _target_name(node.target)
+    except TypeError:  # an unhashable target
+        return _target_name.__wrapped__(node.target)
 
 
 def is_view_op(node: fx.Node) -> bool:
     """True when the node's output aliases its first input's storage."""
     if node.op != "call_function":
         return False
-    target = node.target
+    try:
+        return _target_is_view(node.target)
+    except TypeError:  # an unhashable target
+        return _target_is_view.__wrapped__(node.target)
+
+
+@functools.lru_cache(maxsize=4096)
+def _target_name(target: Any) -> str:
+    # Cached per op: formatting an overload packet's name is the slowest
+    # part of classifying a 32-layer joint graph node by node.
+    packet = getattr(target, "overloadpacket", None)
+    if packet is not None:
+        return str(packet).removeprefix("torch.ops.")
+    return getattr(target, "__name__", str(target))
+
+
+@functools.lru_cache(maxsize=4096)
+def _target_is_view(target: Any) -> bool:
     if target.__module__ == "_operator" and getattr(target, "__name__", "") == "getitem":
         return True
     schema = getattr(target, "_schema", None)
     if schema is None:
         return False
-    if op_name(node) in ("aten._unsafe_view", "aten.alias"):
+    if _target_name(target) in ("aten._unsafe_view", "aten.alias"):
         return True
     returns = schema.returns
     return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
