@@ -13,7 +13,10 @@ simulated on the plain problem (no graph work) and then split once, and the
 split graphs are simulated again. Only if that last simulation disagrees
 with the model (the split placed something where the model did not expect
 it) is the MILP solved once more with the budget lowered by the excess,
-and the reason logged. At the budget the default partitioner's own plan is
+and the reason logged. Where no plan meets both caps of a ratio budget but
+plans within its peak exist, the boundary cap is relaxed to the least any
+of them holds (`_relax_boundary`); only a peak out of reach is clamped to
+the reachable minimum. At the budget the default partitioner's own plan is
 also a candidate: where it fits and is cheaper by the cost model, it is
 used, so a ratio of 1.0 is never worse than the default.
 """
@@ -100,6 +103,9 @@ def search_plan(
     notes: list[str] = []
     solution = _solve(reduction.problem, budget, planner, options)
     source = "planner"
+    if solution.status == "infeasible" and not fixed and budget.boundary_bytes is not None:
+        budget, solution, note = _relax_boundary(reduction.problem, budget, planner, options)
+        notes.extend(note)
     if solution.status == "infeasible" and not fixed:
         requested_boundary = budget.boundary_bytes
         budget, lowest = clamp_to_minimum(budget, reduction.problem, options, on_infeasible=on_infeasible)
@@ -133,6 +139,36 @@ def search_plan(
     second = _split(context, candidates, reduction.expand(retry), "planner", budget, [*notes, reason])
     best = min((outcome, second), key=lambda o: o.timeline.activation_peak_bytes)
     return dataclasses.replace(best, resolves=1, notes=(*best.notes, reason))
+
+
+def _relax_boundary(
+    problem: PlanProblem, budget: BudgetResolution, planner: str, options: SolverOptions
+) -> tuple[BudgetResolution, PlanSolution, list[str]]:
+    """No plan meets both caps of a ratio budget. Where plans within the
+    peak budget exist, only the boundary share was out of reach: the cap
+    becomes the least any plan within the peak holds, and the fastest plan
+    under both is solved (started from that least-bytes plan). The peak
+    budget, what the user's memory is, stays; only where no plan fits the
+    peak either is the budget clamped to the reachable minimum
+    (`clamp_to_minimum`), which would otherwise hand back the lowest-peak
+    plan, slower than needed, for a peak the budget allows."""
+    within_peak = dataclasses.replace(problem, budget_bytes=budget.budget_bytes, boundary_budget_bytes=None)
+    least = solve_milp(within_peak, options, minimize="bytes")
+    if not least.choices:
+        return budget, least, []
+    least_bytes = int(saved_bytes(problem, least) * (1 + 1e-6)) + 1
+    assert budget.boundary_bytes is not None
+    relaxed = dataclasses.replace(budget, boundary_bytes=max(budget.boundary_bytes, least_bytes))
+    solution = _solve(problem, relaxed, planner, with_start(options, least, "the least-bytes plan within the peak"))
+    if solution.status == "infeasible":  # the start itself meets both caps; a solver limit
+        solution = least
+    note = (
+        f"no plan within the peak budget holds at most {budget.boundary_bytes} bytes at the forward/backward "
+        f"boundary (the ratio's share of the default's saved bytes); the boundary cap is the least any plan "
+        f"within the peak holds, {relaxed.boundary_bytes} bytes"
+    )
+    log.info("adacc: %s", note)
+    return relaxed, solution, [note]
 
 
 def _boundary_at_minimum(

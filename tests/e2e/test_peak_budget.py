@@ -152,3 +152,40 @@ def test_graph_breaks_share_the_step_budget(budget):
         first["default_activation_peak_bytes"], first["default_saved_bytes"] + second["default_activation_peak_bytes"]
     )
     assert step_peak <= limit + 1
+
+
+def test_unreachable_boundary_share_keeps_the_peak_budget():
+    """A ratio caps both the activation peak and the boundary bytes. Where
+    plans within the peak exist but none holds the ratio's share of the
+    default's saved bytes (this GPT at 0.8, recompute only, Inductor's
+    fusion), the peak budget stands and the boundary cap becomes the least
+    any plan within it holds; it is not treated as a budget below the
+    reachable minimum (which warned with a budget above the minimum and
+    returned the slower lowest-peak plan)."""
+    import warnings
+
+    from adacc_compile.passes.fusion import Realization
+    from adacc_compile.passes.plan_problem import saved_bytes
+    from adacc_examples.models import GPT, GPTConfig, gpt_batch, init_weights
+    from adacc_test_utils import compile_capturing
+
+    cfg = GPTConfig(n_layer=2, d_model=256, n_head=4, seq_len=256, vocab_size=512, dropout=0.1)
+    eager, model = init_weights(GPT(cfg)), init_weights(GPT(cfg))
+    model.load_state_dict(eager.state_dict())
+    batch = gpt_batch(cfg, 4, torch.Generator().manual_seed(0))
+    options = {"memory_budget": 0.8, "codecs": (), "device_profile": "h100"}
+    compiled, states = compile_capturing(model, options, eager=True, mode=Realization.INDUCTOR)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        actual = loss_and_grads(model, compiled, *batch)
+    assert not [w for w in caught if "adacc" in str(w.message)]
+    state = states[0]
+    budget, outcome = state.budget, state.outcome
+    assert outcome.source == "planner" and not budget.clamped
+    assert budget.budget_bytes == budget.requested_bytes
+    assert outcome.simulated.peak_bytes <= budget.budget_bytes
+    share = int(0.8 * budget.default_saved_bytes)
+    held = saved_bytes(state.candidates.problem, outcome.solution)
+    assert share < held <= budget.boundary_bytes
+    assert any("boundary cap is the least" in note for note in outcome.notes)
+    assert_same(loss_and_grads(eager, eager, *batch), actual, rel=EAGER_REL)
