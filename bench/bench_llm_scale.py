@@ -50,6 +50,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_pareto import CapturedJoint, build_model, capture_joint  # noqa: E402
 
+from adacc_compile import compat  # noqa: E402
 from adacc_compile.passes import plan_search  # noqa: E402
 from adacc_compile.config import parse_bytes  # noqa: E402
 import _examples_path  # noqa: F401  (examples/ on sys.path)
@@ -140,13 +141,17 @@ def plan_once(captured: CapturedJoint, options: dict[str, Any]) -> dict[str, Any
 def time_default_partition(captured: CapturedJoint, min_cut: bool = False) -> float:
     """Seconds of PyTorch's own `default_partition` (or, ``min_cut=True``,
     the min-cut partitioner Inductor uses) on a copy of the same joint graph:
-    the fw/bw extraction any partitioner pays."""
+    the fw/bw extraction any partitioner pays. Under lazy graph modules, as
+    Inductor's ``compile_fx`` runs every partitioner (and as adacc's
+    pipeline runs): new GraphModules generate their code on first call."""
     from functorch.compile import default_partition, min_cut_rematerialization_partition
 
     gm = copy.deepcopy(captured.gm)
-    start = time.perf_counter()
-    (min_cut_rematerialization_partition if min_cut else default_partition)(gm, captured.joint_inputs, **captured.kwargs)
-    return time.perf_counter() - start
+    partition = min_cut_rematerialization_partition if min_cut else default_partition
+    with compat.lazy_graph_modules():
+        start = time.perf_counter()
+        partition(gm, captured.joint_inputs, **captured.kwargs)
+        return time.perf_counter() - start
 
 
 def profile_plan(captured: CapturedJoint, options: dict[str, Any], path: str, top: int = 30) -> str:

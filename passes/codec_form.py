@@ -23,10 +23,15 @@ The rule, per codec and value:
 from __future__ import annotations
 
 import enum
+import functools
+import hashlib
+import inspect
+import pathlib
 
 import torch
 
-from adacc_compile.kernels import Codec, KernelChoice, kernel_choice_from_env
+from adacc_compile.kernels import Codec, KernelChoice, get_codec, kernel_choice_from_env
+from adacc_compile.kernels import aten_graphs
 from adacc_compile.kernels.oplib import triton_available
 
 
@@ -39,10 +44,26 @@ class GraphForm(enum.Enum):
 
 def codec_key(name: str, dtype: torch.dtype, form: GraphForm = GraphForm.ATEN) -> str:
     """Key of a measured codec timing in `DeviceProfile.codec_seconds_per_element`:
-    ``"<codec>/<dtype>"`` for the aten form (compiled by Inductor),
-    ``"<codec>/<dtype>/custom_op"`` for the custom ops."""
+    ``"<codec>/<dtype>@<source digest>"`` for the aten form (compiled by
+    Inductor), ``"<codec>/<dtype>/custom_op@<digest>"`` for the custom ops.
+    The digest (`implementation_digest`) makes a changed codec re-timed: the
+    cache file's own key names adacc's release, not its source."""
     base = f"{name}/{str(dtype).removeprefix('torch.')}"
-    return base if form is GraphForm.ATEN else f"{base}/{form.value}"
+    if form is not GraphForm.ATEN:
+        base = f"{base}/{form.value}"
+    return f"{base}@{implementation_digest(name)}"
+
+
+@functools.lru_cache(maxsize=None)
+def implementation_digest(name: str) -> str:
+    """A short digest of the code a codec's timing depends on: its module
+    (torch reference, aten form, Triton kernels) and the shared aten-form
+    helpers."""
+    files = {inspect.getsourcefile(type(get_codec(name))), inspect.getsourcefile(aten_graphs)}
+    digest = hashlib.sha256()
+    for path in sorted(f for f in files if f):
+        digest.update(pathlib.Path(path).read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def graph_form(codec: Codec, dtype: torch.dtype, device_type: str) -> GraphForm:

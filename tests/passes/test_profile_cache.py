@@ -120,3 +120,28 @@ def test_profile_digest_reaches_the_partitioner_uuid(fresh_process, monkeypatch)
         profile_cache._IN_PROCESS, "cpu", dataclasses.replace(cached, memory_bytes_per_s=cached.memory_bytes_per_s * 2)
     )
     assert partitioner.uuid() != before
+
+
+def test_codec_timing_key_names_the_codec_source(tmp_path, monkeypatch):
+    """A measured codec timing is keyed by a digest of the codec's code, so
+    a changed codec is timed again (the cache file's key names adacc's
+    release, not its source)."""
+    import torch
+
+    from adacc_compile.passes import codec_form
+
+    key = codec_form.codec_key("int8_outlier", torch.float32)
+    name, _, digest = key.partition("@")
+    assert name == "int8_outlier/float32" and len(digest) == 12
+    assert codec_form.codec_key("int8_outlier", torch.float32, codec_form.GraphForm.CUSTOM_OP).startswith(
+        "int8_outlier/float32/custom_op@"
+    )
+    copy = tmp_path / "codec.py"
+    monkeypatch.setattr(codec_form.inspect, "getsourcefile", lambda obj: str(copy))
+    keys = []
+    for text in ("def compress(): pass\n", "def compress(): return 1\n"):
+        copy.write_text(text)
+        codec_form.implementation_digest.cache_clear()
+        keys.append(codec_form.codec_key("int8_outlier", torch.float32))
+    codec_form.implementation_digest.cache_clear()
+    assert keys[0] != keys[1] and keys[0] != key
