@@ -1,0 +1,56 @@
+"""The stage runner: stage order and parts, skips, timings, and the
+cyclic garbage collector paused while stages run."""
+
+from __future__ import annotations
+
+import gc
+from types import SimpleNamespace
+
+import pytest
+
+from adacc_compile import pipeline
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    calls: list[tuple[str, bool]] = []
+
+    def stage(name):
+        return lambda state: calls.append((name, gc.isenabled()))
+
+    monkeypatch.setattr(pipeline, "STAGES", tuple((n, stage(n)) for n in ("first", "calibrate", "last")))
+    return calls
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_stages_run_with_the_collector_paused_and_its_state_restored(recorded, enabled):
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        state = SimpleNamespace(stage_seconds={})
+        pipeline.run_pipeline(state)
+        assert recorded == [("first", False), ("calibrate", False), ("last", False)]
+        assert gc.isenabled() is enabled
+        assert set(state.stage_seconds) == {"first", "calibrate", "last"}
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+def test_collector_restored_when_a_stage_raises(monkeypatch):
+    def broken(state):
+        raise RuntimeError("stage failed")
+
+    monkeypatch.setattr(pipeline, "STAGES", (("broken", broken),))
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="stage failed"):
+        pipeline.run_pipeline(SimpleNamespace(stage_seconds={}))
+    assert gc.isenabled()
+
+
+def test_parts_and_skips(recorded):
+    pipeline.run_pipeline(SimpleNamespace(stage_seconds={}), after="first", skip=frozenset({"calibrate"}))
+    assert [name for name, _ in recorded] == ["last"]
+    with pytest.raises(ValueError, match="cannot skip"):
+        pipeline.run_pipeline(SimpleNamespace(stage_seconds={}), skip=frozenset({"first"}))
+    with pytest.raises(ValueError, match="no stage"):
+        pipeline.run_pipeline(SimpleNamespace(stage_seconds={}), until="nowhere")
