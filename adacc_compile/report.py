@@ -332,7 +332,9 @@ def summarize(state: "PartitionState") -> dict[str, Any]:
         "codecs": dict(Counter(c.codec for c in state.solution.choices.values() if c.codec)),
         "device_profile": state.profile.name if state.profile else "",
         "stage_seconds": dict(state.stage_seconds),
-        "notes": list(state.solution.notes),
+        # The solver's notes, then the plan search's (boundary relaxed,
+        # corrective re-solve).
+        "notes": list(dict.fromkeys([*state.solution.notes, *(state.outcome.notes if state.outcome else ())])),
         **_overlap_summary(state, added),
     }
 

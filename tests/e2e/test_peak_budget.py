@@ -189,3 +189,38 @@ def test_unreachable_boundary_share_keeps_the_peak_budget():
     assert share < held <= budget.boundary_bytes
     assert any("boundary cap is the least" in note for note in outcome.notes)
     assert_same(loss_and_grads(eager, eager, *batch), actual, rel=EAGER_REL)
+
+
+@pytest.mark.parametrize("inflated_splits", [1, 2])
+def test_split_over_the_model_re_solves_once_and_warns_if_still_over(monkeypatch, inflated_splits):
+    """Where the split graphs peak over the budget the model met, the plan is
+    solved once more with the budget lowered by the excess. If that second
+    split fits, it is used silently; if it is still over, the lower of the two
+    is used and a warning gives the excess (never a silent overshoot)."""
+    import dataclasses
+    import warnings
+
+    from adacc_compile.passes import plan_search
+
+    original = plan_search._split
+    calls = []
+
+    def inflated(context, candidates, solution, source, budget, notes):
+        outcome = original(context, candidates, solution, source, budget, notes)
+        calls.append(outcome.timeline.activation_peak_bytes)
+        if len(calls) > inflated_splits:
+            return outcome
+        # The split holds one byte more than the budget (the model missed it).
+        timeline = dataclasses.replace(outcome.timeline, activation_peak_bytes=budget.budget_bytes + 1)
+        return dataclasses.replace(outcome, timeline=timeline)
+
+    monkeypatch.setattr(plan_search, "_split", inflated)
+    model, batch = build("gpt")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, summary, _ = _plan(model, batch, lambda m: m, 0.5)
+    over = [str(w.message) for w in caught if "corrective re-solve" in str(w.message)]
+    assert len(calls) == 2 and summary["replans"] == 1
+    assert any("re-solving once" in note for note in summary["notes"])
+    assert summary["activation_peak_fits_budget"] is (inflated_splits == 1)
+    assert len(over) == (inflated_splits - 1) and all("over the budget" in m for m in over)
