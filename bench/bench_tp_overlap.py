@@ -175,7 +175,7 @@ def predicted_table(model: str = "175B", batch: int = 1) -> str:
     shape = GPT3[model]
     nbytes = batch * shape["seq"] * shape["hidden"] * 2  # bf16 activation gradient
     lines = [
-        f"| TP | link | all-reduce (MiB) | window / all-reduce | windows / layer (x2) | layer forward recompute (H100) | hideable |",
+        "| TP | link | all-reduce (MiB) | window / all-reduce | windows / layer (x2) | layer forward recompute (H100) | hideable |",
         "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for tp in (2, 4, 8):

@@ -129,9 +129,6 @@ def calibrate_link(group: Any = None, *, sizes: tuple[int, ...] = (1 << 8, 1 << 
     up with the same profile: the planner's inputs, and hence the plan, stay
     identical across ranks.
     """
-    import torch
-    import torch.distributed as dist
-
     from adacc_compile import compat
 
     with compat.real_tensors():

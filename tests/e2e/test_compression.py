@@ -16,7 +16,7 @@ from adacc_examples.models import GPT, GPTConfig, gpt_batch, init_weights
 from adacc_compile.passes.candidates import CandidateSet
 from adacc_compile.passes.plan_problem import PlanProblem, PlanSolution
 from adacc_compile.passes.verify import PlanVerificationError, verify_split
-from adacc_test_utils import EAGER_REL, INDUCTOR_REL, assert_same, record_compress_inputs, build, compile_with_reports, loss_and_grads
+from adacc_test_utils import EAGER_REL, assert_same, record_compress_inputs, build, compile_with_reports, loss_and_grads
 
 
 def codecs_used(partitioner) -> dict[str, int]:
