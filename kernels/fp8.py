@@ -231,13 +231,16 @@ def aten_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
         return torch_fp8_compress(x, fmt)
     rows, cols = rows_cols(x.shape)
     v = x.reshape(rows, cols).float()
-    finite = torch.where((v - v) == 0, v, 0.0)  # v - v is 0 only where v is finite
-    amax = finite.abs().amax(dim=1)
+    # |v| < inf is false exactly at NaN and ±Inf; the codes of those are one
+    # select at the end (three comparisons with their own selects before).
+    ok = v.abs() < float("inf")
+    amax = torch.where(ok, v.abs(), 0.0).amax(dim=1)
     s = _scale_exponent(amax, fmt)
-    code = _aten_encode(finite * _pow2(-s)[:, None], fmt)
-    code = torch.where(v != v, float(fmt.nan_code), code)
-    code = torch.where(v == float("inf"), float(fmt.pos_inf_code), code)
-    code = torch.where(v == float("-inf"), float(fmt.neg_inf_code), code)
+    code = _aten_encode(torch.where(ok, v, 0.0) * _pow2(-s)[:, None], fmt)
+    special = torch.where(
+        v != v, float(fmt.nan_code), torch.where(v > 0, float(fmt.pos_inf_code), float(fmt.neg_inf_code))
+    )
+    code = torch.where(ok, code, special)
     return [code.to(torch.uint8).reshape(x.shape), _pow2(s)]
 
 

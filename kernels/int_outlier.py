@@ -392,11 +392,11 @@ def _aten_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     channels, chosen from all rows, decide every group scale): the channel
     maxima (one reduction kernel), then per row and group the scale and
     the codes, which Inductor fuses into one loop nest (the group is reduced
-    and then quantised while it is in cache). Everything is written on
-    ``|x|`` and a 0/1 float mask of the regular channels, so that each
-    element costs a few vector float ops: ``|x| < inf`` is the finite test,
-    a product with the mask zeroes outliers and padding, and the codes of
-    non-finite values are one select at the end.
+    and then quantised while it is in cache). Each element costs a few
+    vector float ops (Inductor's CPU code is bound by them here, not by
+    memory): ``|x| < inf`` is the finite test, a product with a 0/1 float
+    mask of the regular channels zeroes outliers and padding, and the codes
+    of non-finite values are one select at the end.
     """
     check_input(x, codec=fmt.name, dtypes=_DTYPES)
     rows, channels = rows_channels(x.shape)
@@ -417,20 +417,20 @@ def _aten_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     ok = a < float("inf")
     kept = torch.where(ok, a, 0.0) * regular  # |x| of the quantised values; 0 elsewhere
     broken = torch.where(ok, 0.0, regular)  # 1.0 at NaN/Inf in regular channels
-    special = broken.amax(dim=-1) > 0
+    special = broken.sum(dim=-1) > 0  # a sum of 0/1: one add per vector (amax propagates NaN: three)
     limit = torch.where(special, fmt.qmax - 1.0, float(fmt.qmax))
     scale, scale_f = truncate_to_bfloat16(kept.amax(dim=-1) / limit)
     bound = limit.unsqueeze(-1)
-    # |code| from |x|, then the sign: the same bits as rounding the signed
-    # quotient (round-half-even and clamp are symmetric).
-    q = (kept / torch.where(scale_f > 0, scale_f, 1.0).unsqueeze(-1)).clamp_max(bound).round()
-    q = torch.where(grouped < 0, -q, q)
-    # Reserved codes of non-finite values (regular channels only).
+    # The reference's division, clamp and rounding on x itself: at NaN/Inf
+    # they give garbage that the select below replaces by the reserved codes,
+    # and the mask then zeroes the outlier channels (whose q is finite or
+    # replaced), so the codes loop needs no cleaned copy of x.
+    q = (grouped / torch.where(scale_f > 0, scale_f, 1.0).unsqueeze(-1)).clamp(-bound, bound).round()
     reserved = torch.where(grouped != grouped, -fmt.qmax - 1.0, torch.where(grouped > 0, float(fmt.qmax), -float(fmt.qmax)))
     # Cast on the [rows, groups, G] shape: the codes kernel then has the
     # reduction's loops outside, and Inductor fuses the two (viewed as
     # [rows, P] first, their loop ranges differ and they are not fused).
-    codes = torch.where(broken > 0, reserved, q).to(torch.int8)
+    codes = (torch.where(ok, q, reserved) * regular).to(torch.int8)
     if fmt.pack4:  # two's complement int8 codes; their low nibbles are the int4 codes
         packed = pack_low_nibbles(codes).view(rows, padded // 2)
     else:
