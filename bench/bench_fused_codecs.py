@@ -21,8 +21,9 @@ C++ does it. That matters for bitmask only: Inductor stores and loads a
 bool tensor through mask vectors at ~300x a copy of it (measured), so a
 graph keeping the bool mask would make any codec look free (its row was
 negative). Its kept mask is stored as 0/1 bytes through a float -> uint8
-cast and read back as int64 words (`kernels.aten_graphs.byte_values`),
-the way the codecs write and read their one-byte payloads.
+cast and read back through `kernels.aten_graphs.byte_values` (as int64
+words with 8-lane vectors, a plain byte load with 16-lane ones), the way
+the codecs write and read their one-byte payloads.
 The yardstick is ``value.clone()`` (a memcpy: one read and one write of
 the value at the machine's copy bandwidth), timed in the same rounds. The
 standalone column times the codec's two compiled graphs alone, on their
@@ -297,12 +298,16 @@ def main(argv: list[str] | None = None) -> int:
     names = args.codecs or available_codecs()
     results = run(names, args.rows, args.cols, getattr(torch, args.dtype), args.repeats, args.min_time)
     command = "python bench/bench_fused_codecs.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"# codecs inside compiled graphs, {datetime.date.today()}, {platform.machine()} CPU, "
+    # Inductor's C++ takes its vector ISA from the same ATEN_CPU_CAPABILITY
+    # (set it to avx2 on an AVX512 machine to measure the AVX2 code).
+    isa = torch.backends.cpu.get_cpu_capability()
+    print(f"# codecs inside compiled graphs, {datetime.date.today()}, {platform.machine()} CPU ({isa}), "
           f"torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats}\n\n`{command}`\n")
     print(markdown(results))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": command, "threads": args.threads, "results": [asdict(r) for r in results]}, f, indent=1)
+            json.dump({"command": command, "threads": args.threads, "isa": isa,
+                       "results": [asdict(r) for r in results]}, f, indent=1)
     return 0
 
 

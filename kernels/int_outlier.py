@@ -386,7 +386,18 @@ def _aten_regular(index: torch.Tensor, channels: int, padded: int) -> torch.Tens
 
 
 def _aten_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
-    """`_torch_compress` written for Inductor (the same payload, bit for bit)."""
+    """`_torch_compress` written for Inductor (the same payload, bit for bit).
+
+    Two passes over ``x``, the fewest the format allows (the outlier
+    channels, chosen from all rows, decide every group scale): the channel
+    maxima (one reduction kernel), then per row and group the scale and
+    the codes, which Inductor fuses into one loop nest (the group is reduced
+    and then quantised while it is in cache). Each element costs a few
+    vector float ops (Inductor's CPU code is bound by them here, not by
+    memory): ``|x| < inf`` is the finite test, a product with a 0/1 float
+    mask of the regular channels zeroes outliers and padding, and the codes
+    of non-finite values are one select at the end.
+    """
     check_input(x, codec=fmt.name, dtypes=_DTYPES)
     rows, channels = rows_channels(x.shape)
     if rows == 0 or channels == 0:
@@ -394,30 +405,36 @@ def _aten_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     x2d = x.reshape(rows, channels)
     groups = (channels + fmt.group - 1) // fmt.group
     padded = groups * fmt.group
+    pad = (0, padded - channels)
     xf = x2d.float()
-    finite = (xf - xf) == 0  # false exactly at NaN and ±Inf
-    clean = torch.where(finite, xf, 0.0)
+    magnitude = xf.abs()
+    finite = magnitude < float("inf")  # false exactly at NaN and ±Inf
+    clean = torch.where(finite, magnitude, 0.0)
     index = select_outlier_channels(_aten_channel_absmax(clean), outlier_slots(channels))
     regular = _aten_regular(index, channels, padded).view(groups, fmt.group)
-    pad = (0, padded - channels)
-    kept = (F.pad(clean, pad) if padded != channels else clean).view(rows, groups, fmt.group)
-    kept = torch.where(regular > 0, kept, 0.0)
-    broken = F.pad(torch.where(finite, 0.0, 1.0), pad).view(rows, groups, fmt.group) * regular
-    special = broken.amax(dim=-1) > 0
+    grouped = (F.pad(xf, pad) if padded != channels else xf).view(rows, groups, fmt.group)
+    a = grouped.abs()
+    ok = a < float("inf")
+    kept = torch.where(ok, a, 0.0) * regular  # |x| of the quantised values; 0 elsewhere
+    broken = torch.where(ok, 0.0, regular)  # 1.0 at NaN/Inf in regular channels
+    special = broken.sum(dim=-1) > 0  # a sum of 0/1: one add per vector (amax propagates NaN: three)
     limit = torch.where(special, fmt.qmax - 1.0, float(fmt.qmax))
-    scale, scale_f = truncate_to_bfloat16(kept.abs().amax(dim=-1) / limit)
+    scale, scale_f = truncate_to_bfloat16(kept.amax(dim=-1) / limit)
     bound = limit.unsqueeze(-1)
-    q = (kept / torch.where(scale_f > 0, scale_f, 1.0).unsqueeze(-1)).clamp(-bound, bound).round()
-    # Reserved codes of non-finite values (regular channels only).
-    raw = (F.pad(xf, pad) if padded != channels else xf).view(rows, groups, fmt.group)
-    flagged = broken > 0
-    reserved = torch.where(raw != raw, -fmt.qmax - 1.0, torch.where(raw > 0, float(fmt.qmax), -float(fmt.qmax)))
-    q = torch.where(flagged, reserved, q)
-    q = q.view(rows, padded)
+    # The reference's division, clamp and rounding on x itself: at NaN/Inf
+    # they give garbage that the select below replaces by the reserved codes,
+    # and the mask then zeroes the outlier channels (whose q is finite or
+    # replaced), so the codes loop needs no cleaned copy of x.
+    q = (grouped / torch.where(scale_f > 0, scale_f, 1.0).unsqueeze(-1)).clamp(-bound, bound).round()
+    reserved = torch.where(grouped != grouped, -fmt.qmax - 1.0, torch.where(grouped > 0, float(fmt.qmax), -float(fmt.qmax)))
+    # Cast on the [rows, groups, G] shape: the codes kernel then has the
+    # reduction's loops outside, and Inductor fuses the two (viewed as
+    # [rows, P] first, their loop ranges differ and they are not fused).
+    codes = (torch.where(ok, q, reserved) * regular).to(torch.int8)
     if fmt.pack4:  # two's complement int8 codes; their low nibbles are the int4 codes
-        packed = pack_low_nibbles(q.to(torch.int8)).view(rows, padded // 2)
+        packed = pack_low_nibbles(codes).view(rows, padded // 2)
     else:
-        packed = q.to(torch.int8)
+        packed = codes.view(rows, padded)
     stored_scale = torch.where(special, -scale_f, scale_f).to(_SCALE_DTYPE)  # exact: bfloat16 values
     values = x2d.index_select(1, index.long())
     return [packed, stored_scale, index, values]

@@ -153,15 +153,38 @@ def test_inductor_compiled_aten_form_on_whole_words(name: str, monkeypatch) -> N
     _compiled_equals_reference(name, _dtypes(name)[0], (16, 256), seed=4)
 
 
+def _other_lanes() -> int:
+    from adacc_compile.kernels import aten_graphs
+
+    return 8 if aten_graphs.vector_lanes(torch.device("cpu")) > 8 else 16
+
+
+@pytest.mark.parametrize("name", ["int8_outlier", "fp8_e4m3", "softmax_u8", "bitmask"])
+def test_inductor_compiled_aten_form_for_the_other_vector_width(name: str, monkeypatch) -> None:
+    """The forms that read or write bytes differently for 8- and 16-lane
+    vectors (`aten_graphs.vector_lanes`): the path this CPU does not pick,
+    compiled, gives the same bits too."""
+    from adacc_compile.kernels import aten_graphs
+
+    lanes = _other_lanes()
+    monkeypatch.setattr(aten_graphs, "vector_lanes", lambda device: lanes)
+    monkeypatch.setenv("ADACC_KERNELS", "torch")
+    _compiled_equals_reference(name, _dtypes(name)[0], (16, 256), seed=5)
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
 @pytest.mark.parametrize("numel", [8, 64, 200, 13])
-def test_packed_fields_and_byte_values_unpack_lsb_first(numel: int) -> None:
+def test_packed_fields_and_byte_values_unpack_lsb_first(numel: int, lanes: int, monkeypatch) -> None:
+    from adacc_compile.kernels import aten_graphs
     from adacc_compile.kernels.aten_graphs import byte_values, packed_fields
+
+    monkeypatch.setattr(aten_graphs, "vector_lanes", lambda device: lanes)
 
     data = torch.randint(0, 256, (numel,), generator=torch.Generator().manual_seed(numel)).to(torch.uint8)
     wide = data.long()
     assert torch.equal(byte_values(data), data.float())
     assert torch.equal(byte_values(data.view(torch.int8)), data.float())
-    for bits in (1, 4):
+    for bits in (1, 4, 8):
         shifts = torch.arange(0, 8, bits)
         expected = ((wide.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).reshape(-1).int()
         assert torch.equal(packed_fields(data, bits), expected)
