@@ -76,7 +76,9 @@ _NAME_RULES: tuple[tuple[OpClass, frozenset[str]], ...] = (
             {"gelu", "silu", "relu", "tanh", "sigmoid", "elu", "leaky_relu", "hardswish", "mish", "softplus"}
         ),
     ),
-    (OpClass.SOFTMAX, frozenset({"_softmax", "softmax", "_log_softmax", "log_softmax"})),
+    # _safe_softmax: what scaled_dot_product_attention decomposes to (rows
+    # that are all masked give 0, not NaN; still probabilities in [0, 1]).
+    (OpClass.SOFTMAX, frozenset({"_softmax", "softmax", "_safe_softmax", "_log_softmax", "log_softmax"})),
     (
         OpClass.REDUCTION,
         frozenset({"sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "prod", "argmax"}),

@@ -178,10 +178,12 @@ def test_budget_cannot_be_met_real_search(tmp_path, capsys):
     pytest.importorskip("transformers")
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TINY_TWO_LAYERS))
-    code, out, err = _plan(capsys, str(path), "--gpu", "h100", "--budget", "60KiB", "--batch", "8", "--seq", "8")
+    # Below the reachable minimum at batch 8 (53.0 KiB since the peak-model
+    # and dropout-replay changes of 2026-12-01; 60 KiB fits now).
+    code, out, err = _plan(capsys, str(path), "--gpu", "h100", "--budget", "30KiB", "--batch", "8", "--seq", "8")
     assert code == 0, err
     assert re.search(r"the smallest budget that can be met is \d+\.\d KiB", out)
-    assert re.search(r"Largest batch that fits 60\.0 KiB: [1-7]\.", out), out[-1500:]
+    assert re.search(r"Largest batch that fits 30\.0 KiB: [1-7]\.", out), out[-1500:]
 
 
 def test_python_dash_m_runs_the_cli():

@@ -69,14 +69,16 @@ def _model(name: str):
 @pytest.mark.parametrize("name", MODELS)
 def test_generated_code_has_no_extern_codec_call(name):
     """Compress-only planning at a tight budget uses several codecs (GPT:
-    masks, attention probabilities, linear inputs); none may appear in the
+    masks, linear inputs, GELU inputs); none may appear in the
     generated code as a call to an adacc op: all are Inductor kernels."""
     model, batch = _model(name)
     expected = loss_and_grads(model, model, *batch)
     options = {"memory_budget": 0.3, "accuracy": "aggressive", "allow_recompute": False, "device_profile": "h100"}
     actual, codes, partitioner = _compile_and_capture(model, batch, options)
     used = _codecs_used(partitioner)
-    assert used and (name == "mlp" or {"bitmask", "softmax_u8"} <= used), used
+    # GPT: dropout masks and at least two other codecs (this plan saves no
+    # softmax output, so softmax_u8 is not among them).
+    assert used and (name == "mlp" or ("bitmask" in used and len(used) >= 3)), used
     assert len(codes) == 2, "a forward and a backward"
     calls = {call for code in codes for call in CODEC_OP_CALL.findall(code)}
     assert not calls, calls

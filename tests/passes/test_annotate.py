@@ -89,3 +89,19 @@ def test_profiles():
     assert cpu is calibrate("cpu"), "calibration is cached per process"
     assert cpu.matmul_rate(torch.float32) > 1e8 and cpu.memory_bytes_per_s > 1e8
     assert 0 < cpu.launch_overhead_s < 1e-2
+
+
+def test_attention_probabilities_are_softmax_outputs():
+    """scaled_dot_product_attention decomposes to ``aten._safe_softmax``; its
+    output is classed as a softmax (probabilities in [0, 1]), so the
+    softmax_u8 codec is offered for it."""
+    from adacc_compile.passes.op_class import classify
+
+    def attention_probabilities(x):
+        return torch.ops.aten._safe_softmax(x, -1), torch.softmax(x, -1), torch.log_softmax(x, -1)
+
+    gm = make_fx(attention_probabilities)(torch.randn(2, 4, 4))
+    classes = {str(n.target): classify(n) for n in gm.graph.nodes if n.op == "call_function"}
+    assert classes["aten._safe_softmax.default"] is OpClass.SOFTMAX
+    assert classes["aten._softmax.default"] is OpClass.SOFTMAX
+    assert classes["aten._log_softmax.default"] is OpClass.SOFTMAX
