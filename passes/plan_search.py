@@ -110,7 +110,7 @@ def search_plan(
     if solution.status == "infeasible" and not fixed:
         requested_boundary = budget.boundary_bytes
         budget, lowest = clamp_to_minimum(budget, reduction.problem, options, on_infeasible=on_infeasible)
-        budget, least = _boundary_at_minimum(
+        budget, least = _least_boundary(
             reduction.problem, budget, requested_boundary, with_start(options, lowest, "the lowest-peak plan")
         )
         # The fastest plan at that peak (the lowest-peak solve only breaks
@@ -169,13 +169,9 @@ def _relax_boundary(
     peak either is the budget clamped to the reachable minimum
     (`clamp_to_minimum`), which would otherwise hand back the lowest-peak
     plan, slower than needed, for a peak the budget allows."""
-    within_peak = dataclasses.replace(problem, budget_bytes=budget.budget_bytes, boundary_budget_bytes=None)
-    least = solve_milp(within_peak, options, minimize="bytes")
+    relaxed, least = _least_boundary(problem, budget, budget.boundary_bytes, options)
     if not least.choices:
         return budget, least, []
-    least_bytes = int(saved_bytes(problem, least) * (1 + 1e-6)) + 1
-    assert budget.boundary_bytes is not None
-    relaxed = dataclasses.replace(budget, boundary_bytes=max(budget.boundary_bytes, least_bytes))
     solution = _solve(problem, relaxed, planner, with_start(options, least, "the least-bytes plan within the peak"))
     if solution.status == "infeasible":  # the start itself meets both caps; a solver limit
         solution = least
@@ -188,18 +184,21 @@ def _relax_boundary(
     return relaxed, solution, [note]
 
 
-def _boundary_at_minimum(
+def _least_boundary(
     problem: PlanProblem, budget: BudgetResolution, requested: int | None, options: SolverOptions
 ) -> tuple[BudgetResolution, PlanSolution]:
-    """At the reachable minimum this graph's own peak cannot fall further,
-    but what it holds at its forward/backward boundary still lies under the
+    """The boundary cap at ``budget``'s peak: the requested one, or the least
+    any plan within that peak holds where that is more (with that plan;
+    none where no plan fits the peak). Used within a reachable peak
+    (`_relax_boundary`) and at the minimum, where this graph's own peak
+    cannot fall further but what it holds at its forward/backward boundary still lies under the
     peaks of the graphs that run inside its backward window (a loss graph
     after a graph break holds the logits and their gradient on top of it:
     HF GPT-2's step peaks there). So the plan at the minimum holds at most
     the requested boundary bytes, or the least any plan at the minimum
     holds where that is more."""
-    at_minimum = dataclasses.replace(problem, budget_bytes=budget.budget_bytes, boundary_budget_bytes=None)
-    least = solve_milp(at_minimum, options, minimize="bytes")
+    within_peak = dataclasses.replace(problem, budget_bytes=budget.budget_bytes, boundary_budget_bytes=None)
+    least = solve_milp(within_peak, options, minimize="bytes")
     if not least.choices:
         return budget, least
     least_bytes = int(saved_bytes(problem, least) * (1 + 1e-6)) + 1
