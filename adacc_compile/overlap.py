@@ -43,6 +43,7 @@ from adacc_compile.plan_agreement import (
     plan_fingerprint,
     share_problem,
 )
+from adacc_compile.stages import charged_inputs
 
 if TYPE_CHECKING:
     from adacc_compile.state import PartitionState
@@ -77,7 +78,9 @@ def windows_stage(state: "PartitionState") -> None:
     assert state.info is not None and state.candidates is not None
     overlap = state.overlap = OverlapState(groups=tuple(collective_groups(state.joint)))
     problem = state.candidates.problem
-    order = [n for n in state.joint.graph.nodes if n in state.info.backward_nodes]
+    # The backward's operations in order: the positions the memory model
+    # uses (`lifetimes.step_orders`), so a window's opening is comparable.
+    order = [n for n in state.joint.graph.nodes if n.op == "call_function" and n in state.info.backward_nodes]
     if any(issue_kind(n) is not None for n in order):
         overlap.link = resolve_link(state.config.comm_profile, overlap.groups)
         overlap.windows = find_windows(order, overlap.link, group_size=compat.group_size)
@@ -113,11 +116,12 @@ def schedule_stage(state: "PartitionState") -> None:
     # go back to on demand, and the schedule is redone.
     limit = max(state.budget.budget_bytes, state.timeline.activation_peak_bytes)
     placement, unplaced = dict(overlap.planned), []
+    charged = charged_inputs(state)
     for round_ in range(_MAX_UNPLACE_ROUNDS + 1):
         result = schedule_recompute(state.bw_module, placement)
-        timeline = simulate_step(
+        timeline = simulate_step(  # as the plan stage simulated it (same realization)
             state.fw_module, result.module, num_fwd_outputs=state.num_fwd_outputs,
-            forward_names=state.forward_names,
+            forward_names=state.forward_names, mode=state.mode, charged_inputs=charged,
         )
         if timeline.activation_peak_bytes <= limit or not placement:
             break

@@ -155,6 +155,15 @@ def budget_stage(state: PartitionState) -> None:
     )
 
 
+def charged_inputs(state: PartitionState) -> frozenset[str]:
+    """Graph inputs the plan decides about (candidates produced before the
+    forward's first node): the simulator charges them as activations."""
+    assert state.candidates is not None
+    return frozenset(
+        c.name for c in state.candidates.problem.candidates if c.lifetime is not None and c.lifetime.produced < 0
+    )
+
+
 def plan_stage(state: PartitionState) -> None:
     """Decide under the budget, simulate, split once (`plan_search`)."""
     assert state.candidates is not None and state.info is not None
@@ -164,10 +173,7 @@ def plan_stage(state: PartitionState) -> None:
         info=state.info,
         num_fwd_outputs=state.num_fwd_outputs,
         mode=state.mode,
-        charged_inputs=frozenset(
-            c.name for c in state.candidates.problem.candidates
-            if c.lifetime is not None and c.lifetime.produced < 0
-        ),
+        charged_inputs=charged_inputs(state),
         fold=state.fold,
     )
     outcome = search_plan(

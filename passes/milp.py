@@ -257,6 +257,7 @@ def _add_memory(model: _Model, problem: PlanProblem, *, peak: bool) -> None:
     decision_column: dict[str, int] = {}
     for index, var in enumerate(model.vars):
         if var.window is not None:
+            decision_column[f"ov:{var.candidate}:{var.window}"] = index
             continue
         kind = {Decision.KEEP: "keep", Decision.RECOMPUTE: "rec", Decision.COMPRESS: "comp"}[var.decision]
         key = f"{kind}:{var.candidate}" if var.codec is None else f"comp:{var.candidate}:{var.codec}"

@@ -279,6 +279,8 @@ def build_memory_model(
                     bounds.append(AuxBound(const=-1.0, terms=((str(un), 1.0), (rec, 1.0))))
             need_var[(cand.name, s)] = b.new(bounds) if bounds else 0.0
         _add_backward_terms(b, cand, span, direct, need_var, rows_bw, ranges, rep_of)
+    if problem.windows:
+        _add_window_terms(b, problem, bw, needs, ranges, rep_of)
     rows_fw = _forward_rows(b, problem, fw, users, rep_of)
     if problem.repeat is not None:
         _add_repeat_terms(problem, fw, bw, rows_fw, ranges, rep_of)
@@ -353,6 +355,62 @@ def _add_backward_terms(
                 _add_payload(b, rows[s], nbytes, comp, f_before)
             if cand.keep_bytes:
                 _add_product(b, rows[s], cand.keep_bytes, [comp], [fs, gs])
+
+
+def window_bytes(cand: Candidate) -> int:
+    """Bytes ``cand`` occupies when recomputed inside a communication
+    window: a value fused into its readers on demand is materialised there
+    (it runs long before them); a view shares its base's storage, which its
+    base's own terms count."""
+    lt = cand.lifetime
+    if lt is None or lt.alias_of:
+        return 0
+    return max(lt.backward_bytes, cand.keep_bytes)
+
+
+def _add_window_terms(
+    b: _Builder,
+    problem: PlanProblem,
+    bw: Segments,
+    needs: dict[str, frozenset[int]],
+    ranges: _Ranges,
+    rep_of: dict[str, str],
+) -> None:
+    """A recomputation placed in window w (``ov:<v>:<w>``) runs when w
+    opens, not at its first need: the value is alive from there, and so is
+    the decompressed copy of every compressed input it reads (the schedule
+    moves the decompression with it). Recomputed inputs must sit in a window
+    no later than v's (`milp`), so their own terms cover them.
+
+    Over ``[opens, last possible need]`` the value holds `window_bytes`; the
+    on-demand term (``rec``) counts ``backward_bytes`` from its first need,
+    so the window term adds ``window_bytes - backward_bytes`` there, and
+    ``backward_bytes`` more before the first direct read (an upper bound:
+    exact unless a recomputed reader needs the value before that)."""
+    opens = {w.name: w.opens for w in problem.windows}
+    by_name = problem.by_name()
+    for cand in problem.candidates:
+        lt = cand.lifetime
+        span = needs.get(cand.name)
+        if lt is None or not cand.windows or not span:
+            continue
+        nbytes = window_bytes(cand)
+        hi = max(span)
+        first_read = bw.of[lt.reads[0]] if lt.reads else hi + 1
+        for window in cand.windows:
+            if window not in opens:
+                continue
+            ov = _key("ov", cand.name, rep_of, window)
+            start = bw.of[min(opens[window], len(bw.of) - 1)]
+            ranges.add(ov, start, hi, nbytes - lt.backward_bytes)
+            ranges.add(ov, start, first_read - 1, lt.backward_bytes)
+            for inp in dict.fromkeys(cand.inputs):
+                source = by_name.get(inp)
+                if source is None or not source.compress or not source.keep_bytes:
+                    continue
+                for option in source.compress:
+                    both = b.product((ov, _key("comp", inp, rep_of, option.codec)))
+                    ranges.add(both, start, first_read - 1, source.keep_bytes)
 
 
 def repeat_span(layout: StepLayout, block: str) -> tuple[int, int]:
@@ -540,6 +598,8 @@ def decision_values(problem: PlanProblem, solution: PlanSolution, rep_of: dict[s
             values[f"rec:{name}"] = 1.0
         elif choice.decision is Decision.COMPRESS:
             values[f"comp:{name}:{choice.codec}"] = 1.0
+    for cand_name, window in solution.windows.items():
+        values[f"ov:{(rep_of or {}).get(cand_name, cand_name)}:{window}"] = 1.0
     return values
 
 
@@ -578,14 +638,17 @@ class SimulatedPeak:
 
 def simulate(problem: PlanProblem, solution: PlanSolution) -> SimulatedPeak:
     """Activation bytes of the step under ``solution``, position by position,
-    with the extractor's semantics: each recomputation at its first need,
-    every value freed after its last need (see the module docstring)."""
+    with the extractor's semantics: each recomputation at its first need (or
+    when its communication window opens, if placed in one), every value
+    freed after its last need (see the module docstring)."""
     layout = problem.layout
     assert layout is not None
     by_name = problem.by_name()
     users = _users(problem)
     decision = {c.name: solution.decision(c.name) for c in problem.candidates}
     codec = {n: ch.codec for n, ch in solution.choices.items()}
+    opens = {w.name: w.opens for w in problem.windows}
+    placed = {n: opens[w] for n, w in solution.windows.items() if w in opens and decision.get(n) is Decision.RECOMPUTE}
     first_need: dict[str, int] = {}
     last_need: dict[str, int] = {}
     for cand in reversed(problem.candidates):
@@ -596,6 +659,8 @@ def simulate(problem: PlanProblem, solution: PlanSolution) -> SimulatedPeak:
                 needs.append(first_need[user.name])
                 if user.lifetime is not None and user.lifetime.alias_of == cand.name:
                     needs.append(last_need[user.name])  # a view keeps its base alive
+        if needs and cand.name in placed:
+            needs.append(placed[cand.name])  # recomputed when its window opens
         if needs and decision[cand.name] is not Decision.NONE:
             first_need[cand.name], last_need[cand.name] = min(needs), max(needs)
     bw = [0] * layout.backward_positions
@@ -614,7 +679,7 @@ def simulate(problem: PlanProblem, solution: PlanSolution) -> SimulatedPeak:
         if d is Decision.KEEP:
             _span_add(bw, 0, hi, cand.keep_bytes)
         elif d is Decision.RECOMPUTE:
-            _span_add(bw, lo, hi, lt.backward_bytes)
+            _span_add(bw, lo, hi, window_bytes(cand) if cand.name in placed else lt.backward_bytes)
         else:
             payload = next(o.nbytes for o in cand.compress if o.codec == codec[cand.name])
             _span_add(bw, 0, lo, payload)

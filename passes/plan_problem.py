@@ -96,8 +96,9 @@ class AuxBound:
 class MemoryRow:
     """Activation bytes at one position (or an upper bound over a segment of
     positions): ``const + Σ coef · var``. Variable keys: ``keep:<c>``,
-    ``rec:<c>``, ``comp:<c>:<codec>`` (a decision of candidate c, 0 or 1)
-    and ``aux:<i>`` (auxiliary variable i of the model, in [0, 1])."""
+    ``rec:<c>``, ``comp:<c>:<codec>`` (a decision of candidate c, 0 or 1),
+    ``ov:<c>:<window>`` (c recomputed inside a communication window) and
+    ``aux:<i>`` (auxiliary variable i of the model, in [0, 1])."""
 
     name: str
     const: float

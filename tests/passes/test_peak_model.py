@@ -5,6 +5,7 @@ brute force."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -12,9 +13,11 @@ import pytest
 
 from adacc_compile.passes import peak_model
 from adacc_compile.passes.milp import SolverOptions, solve_milp
+from adacc_compile.passes.windows import needed_by
 from adacc_compile.passes.plan_problem import (
     Candidate,
     Choice,
+    CommWindow,
     CompressOption,
     Decision,
     Lifetime,
@@ -115,6 +118,83 @@ def test_milp_optimum_under_a_peak_budget_equals_brute_force_and_is_tight(seed):
     simulated = peak_model.simulate(problem, solution).peak_bytes
     assert simulated <= peak <= budget
     assert peak <= 1.10 * simulated, (peak, simulated)
+
+
+def with_windows(rng: random.Random, problem: PlanProblem, count: int) -> PlanProblem:
+    """``problem`` with ``count`` communication windows opening at random
+    backward positions, each legal for the recomputations it opens before
+    (as `windows.attach_windows` makes them), and its memory model rebuilt."""
+    assert problem.layout is not None
+    windows = tuple(
+        CommWindow(name=f"w{k}", seconds=rng.uniform(5, 20) * 1e-6, opens=rng.randrange(problem.layout.backward_positions))
+        for k in range(count)
+    )
+    first_use = {c.name: c.lifetime.reads[0] for c in problem.candidates if c.lifetime and c.lifetime.reads}
+    need = needed_by(problem, first_use)
+    cands = tuple(
+        dataclasses.replace(c, windows=tuple(w.name for w in windows if c.can_recompute and w.opens < need.get(c.name, -1)))
+        for c in problem.candidates
+    )
+    bare = PlanProblem(candidates=cands, layout=problem.layout, windows=windows)
+    return dataclasses.replace(bare, memory=peak_model.build_memory_model(bare))
+
+
+def placements(problem: PlanProblem, plan: PlanSolution):
+    """Every legal placement of ``plan``'s recomputations in windows."""
+    placeable = [c for c in problem.candidates if plan.decision(c.name) is Decision.RECOMPUTE and c.windows]
+    for combo in itertools.product(*[(None, *c.windows) for c in placeable]):
+        windows = {c.name: w for c, w in zip(placeable, combo) if w is not None}
+        placed = dataclasses.replace(plan, windows=windows)
+        if not check_solution(problem, placed):
+            yield placed
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_model_bounds_plans_with_recomputation_in_windows(seed):
+    """A recomputation placed in a window runs when the window opens, long
+    before its readers: the value (materialised, even where fused on demand)
+    and the decompressed inputs it reads live from there, in the simulation
+    and, as an upper bound, in the model."""
+    rng = random.Random(5000 + seed)
+    problem = with_windows(rng, random_problem(rng, rng.randint(3, 5), rng.randint(4, 8)), rng.randint(1, 2))
+    checked = 0
+    for plan in legal_plans(problem):
+        for placed in placements(problem, plan):
+            assert modelled(problem, placed) >= peak_model.simulate(problem, placed).peak_bytes - 1e-6
+            checked += 1
+    assert checked
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_milp_places_recomputation_in_windows_only_within_the_peak_budget(seed):
+    rng = random.Random(7000 + seed)
+    unconstrained = with_windows(rng, random_problem(rng, rng.randint(3, 6), rng.randint(4, 8)), 2)
+    peaks = sorted(modelled(unconstrained, p) for p in legal_plans(unconstrained))
+    budget = int(peaks[len(peaks) // 3]) if peaks else 0
+    problem = dataclasses.replace(unconstrained, budget_bytes=budget)
+    solution = solve_milp(problem, SolverOptions(mip_rel_gap=0.0))
+    if solution.status == "infeasible":
+        return
+    assert check_solution(problem, solution) == []
+    assert peak_model.simulate(problem, solution).peak_bytes <= modelled(problem, solution) <= budget
+
+
+def test_window_lifetime_is_simulated_from_the_window_opening():
+    """One fused value read at position 5, recomputed in a window opening at
+    position 1: it occupies its bytes over 1..5 (on demand: nothing, fused)."""
+    lifetime = Lifetime(produced=0, forward_last_use=0, forward_bytes=0, backward_bytes=0, reads=(5,))
+    cand = Candidate(name="v0", keep_bytes=64, recompute_seconds=1e-6, lifetime=lifetime, windows=("w",),
+                     required=True)
+    layout = StepLayout(forward_positions=1, backward_positions=7, forward_base=(0,),
+                        forward_layers=("",), backward_layers=("",) * 7)
+    bare = PlanProblem(candidates=(cand,), layout=layout, windows=(CommWindow(name="w", seconds=1e-5, opens=1),))
+    problem = dataclasses.replace(bare, memory=peak_model.build_memory_model(bare))
+    on_demand = PlanSolution(choices={"v0": Choice(decision=Decision.RECOMPUTE)}, status="t", solver="t")
+    in_window = dataclasses.replace(on_demand, windows={"v0": "w"})
+    assert peak_model.simulate(problem, on_demand).peak_bytes == 0
+    assert peak_model.simulate(problem, in_window).peak_bytes == 64
+    assert modelled(problem, on_demand) == 0
+    assert modelled(problem, in_window) == 64
 
 
 def test_minimum_peak_mode_finds_the_smallest_modelled_peak():
