@@ -159,7 +159,7 @@ def _other_lanes() -> int:
     return 8 if aten_graphs.vector_lanes(torch.device("cpu")) > 8 else 16
 
 
-@pytest.mark.parametrize("name", ["int8_outlier", "fp8_e4m3", "softmax_u8", "bitmask"])
+@pytest.mark.parametrize("name", ["int8_outlier", "fp8_e4m3", "fp8_e5m2", "softmax_u8", "bitmask"])
 def test_inductor_compiled_aten_form_for_the_other_vector_width(name: str, monkeypatch) -> None:
     """The forms that read or write bytes differently for 8- and 16-lane
     vectors (`aten_graphs.vector_lanes`): the path this CPU does not pick,

@@ -243,6 +243,38 @@ def test_interpreted_triton_matches_reference(name: str, dtype: torch.dtype) -> 
         assert _same(out, fp8.torch_fp8_decompress(ref, shape, dtype, fmt)), shape
 
 
+def _ties_and_every_code(fmt: fp8.Fp8Format) -> torch.Tensor:
+    """Every representable value, every midpoint and its fp32 neighbours, in
+    one row whose scale is 1, with ±Inf and NaN of both signs appended."""
+    codes = torch.arange(0, 0x79, dtype=torch.uint8)  # 0 .. 2**(top+1), the largest code produced
+    grid = codes.view(fmt.torch_dtype).float()
+    mid = (grid[1:] + grid[:-1]) / 2
+    probes = torch.cat([grid[:-1], mid, mid.nextafter(torch.tensor(0.0)), mid.nextafter(torch.tensor(1e9))])
+    special = torch.tensor([float("inf"), float("-inf"), float("nan"), -float("nan")])
+    return torch.cat([torch.tensor([2.0 ** (fmt.top + 1) - 1]), probes, -probes, special])
+
+
+@pytest.mark.parametrize("lanes", [16, pytest.param(8, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", FORMATS)
+def test_compiled_aten_form_rounds_ties_and_every_code_like_torch(name: str, lanes: int, monkeypatch) -> None:
+    """What a compiled plan runs (Inductor's C++ of the aten form), with
+    16-lane vectors (torch's own fp8 casts, vectorised) and 8-lane ones (the
+    bit-level encode): the reference's codes and values, bit for bit."""
+    from adacc_compile import compat
+    from adacc_compile.kernels import aten_graphs
+
+    monkeypatch.setattr(aten_graphs, "vector_lanes", lambda device: lanes)
+    fmt, codec = FORMATS[name], get_codec(name)
+    row = _ties_and_every_code(fmt).view(1, -1)
+    graphs = aten_graphs.codec_graphs(codec, row)
+    ref = fp8.torch_fp8_compress(row, fmt)
+    got = list(compat.inductor_compile_inference(graphs.compress, [row])(row))
+    assert ref[1].item() == 1.0
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    (restored,) = compat.inductor_compile_inference(graphs.decompress, ref)(*ref)
+    assert _same(restored, fp8.torch_fp8_decompress(ref, row.shape, torch.float32, fmt))
+
+
 @interpreted
 @pytest.mark.parametrize("name", FORMATS)
 def test_interpreted_rounding_ties_and_every_code(name: str) -> None:
