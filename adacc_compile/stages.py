@@ -7,14 +7,14 @@ from __future__ import annotations
 import dataclasses
 
 from adacc_compile import compat, rank_zero
-from adacc_compile.passes.annotate import annotate
+from adacc_compile.passes.annotate import annotate, tensor_bytes
 from adacc_compile.passes.budget import resolve_budget
 from adacc_compile.passes.calibrate import (
     Calibration, calibrate_candidates, calibrated_candidates, lossy_options, not_calibrated,
 )
 from adacc_compile.passes.candidates import CandidateSet, find_candidates
 from adacc_compile.passes.codec_options import allowed_codecs, make_compress_options
-from adacc_compile.passes.default_plan import default_plan
+from adacc_compile.passes.default_plan import counted_saved_bytes, default_plan
 from adacc_compile.passes.depth_fold import make_fold, repeated_block
 from adacc_compile.passes.device_profile import profile_by_name
 from adacc_compile.passes.dropout_replay import replay_dropout_from_masks
@@ -150,6 +150,9 @@ def budget_stage(state: PartitionState) -> None:
         state.solver_options,
         full_problem=state.candidates.problem,
         default_plan=state.default_plan,
+        default_counted_bytes=counted_saved_bytes(
+            state.candidates.problem, {n.name: tensor_bytes(n.meta.get("val")) for n in saved}
+        ),
         held_by_earlier_graphs=state.held_by_earlier_graphs,
         held_default_by_earlier_graphs=state.held_default_by_earlier_graphs,
     )

@@ -73,13 +73,20 @@ def resolve_budget(
     *,
     full_problem: PlanProblem | None = None,
     default_plan: PlanSolution | None = None,
+    default_counted_bytes: int | None = None,
     held_by_earlier_graphs: int = 0,
     held_default_by_earlier_graphs: int = 0,
 ) -> BudgetResolution:
     """``problem`` is what the planner solves (reduced by block reuse);
     ``full_problem`` and ``default_plan`` (PyTorch's choice as a legal plan
     of it) give the anchors of a ratio budget. Whether the budget can be
-    met is found by the planner itself (`clamp_to_minimum` where not)."""
+    met is found by the planner itself (`clamp_to_minimum` where not).
+
+    ``default_counted_bytes`` is what PyTorch counts its choice as saving
+    (each saved tensor at its own size). Where it saves views, adacc holds
+    their bases (what really stays alive), which can be more: the boundary
+    share of a ratio is anchored at the smaller of the two, so that
+    ``memory_budget=1.0`` never saves more than PyTorch says it does."""
     assert problem.memory is not None, "resolve_budget needs a problem with a memory model"
     full_problem = full_problem or problem
     # The fastest plan, without memory rows (nothing bounds it).
@@ -91,6 +98,8 @@ def resolve_budget(
     if default_plan is not None:
         default_peak = simulate(full_problem, default_plan).peak_bytes
         default_saved = saved_bytes(full_problem, default_plan)
+        if default_counted_bytes is not None:
+            default_saved = min(default_saved, default_counted_bytes)
     else:
         default_peak, default_saved = fastest_peak, saved_bytes(problem, fastest)
     if budget.ratio is not None:

@@ -18,17 +18,24 @@ from __future__ import annotations
 from typing import Iterable
 
 from .greedy import _make_available, _Stuck
-from .plan_problem import Choice, Decision, PlanProblem, PlanSolution
+from .plan_problem import Candidate, Choice, Decision, PlanProblem, PlanSolution
 
 
 def default_plan(problem: PlanProblem, saved: Iterable[str]) -> PlanSolution | None:
     """The plan that keeps ``saved`` (where keeping is legal) and recomputes
-    the rest; None if no legal plan completes it."""
-    saved = set(saved)
+    the rest; None if no legal plan completes it.
+
+    PyTorch often saves a view (the transposes its matmul backward reads,
+    a ``detach`` of a softmax output) where adacc keeps the viewed value and
+    recomputes the view for free: a saved view that cannot be kept keeps
+    the value whose storage it shares instead (the same bytes). Read as
+    "not kept", it would have the default recompute attention scores and
+    the matmuls feeding them, which PyTorch never does."""
     by_name = problem.by_name()
+    kept = {name for name in (_storage_owner(s, by_name) for s in saved) if name is not None}
     state: dict[str, Choice] = {}
     for cand in problem.candidates:
-        if cand.name in saved and cand.can_keep:
+        if cand.name in kept:
             state[cand.name] = Choice(decision=Decision.KEEP)
     try:
         for cand in problem.candidates:
@@ -37,3 +44,32 @@ def default_plan(problem: PlanProblem, saved: Iterable[str]) -> PlanSolution | N
     except _Stuck:
         return None
     return PlanSolution(choices=state, status="default", solver="torch_min_cut")
+
+
+def _storage_owner(name: str, by_name: dict[str, Candidate]) -> str | None:
+    """``name`` where it can be kept, else the keepable value its storage
+    belongs to (following views), else None."""
+    seen: set[str] = set()
+    while name in by_name and name not in seen:
+        seen.add(name)
+        cand = by_name[name]
+        if cand.can_keep:
+            return name
+        if cand.lifetime is None or not cand.lifetime.alias_of:
+            return None
+        name = cand.lifetime.alias_of
+    return None
+
+
+def counted_saved_bytes(problem: PlanProblem, sizes: dict[str, int]) -> int:
+    """What PyTorch counts its choice as saving: ``sizes`` (saved node ->
+    its own tensor bytes; a view at its own size, not its base's), for the
+    candidates of ``problem``, the repeated block's copies included (they
+    save what the block saves)."""
+    repeat = problem.repeat
+    total = 0
+    for cand in problem.candidates:
+        if cand.name in sizes:
+            copies = repeat.copies if repeat is not None and cand.block == repeat.block else 0
+            total += sizes[cand.name] * (1 + copies)
+    return total

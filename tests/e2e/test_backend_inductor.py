@@ -77,29 +77,46 @@ def _torch_min_cut_saved_bytes(gm, kwargs) -> int:
 @pytest.mark.parametrize(
     "name", [pytest.param("gpt", marks=pytest.mark.slow), pytest.param("llama", marks=pytest.mark.slow), "bert"]
 )
-def test_budget_one_saves_no_more_than_inductors_default(name):
+def test_budget_one_saves_no_more_than_inductors_default(name, monkeypatch):
     """memory_budget=1.0 under Inductor: the bytes adacc saves are at most
-    what PyTorch's min-cut partitioner saves for the same joint graph (run
-    on a copy), and its simulated activation peak at most the default
-    plan's."""
+    what PyTorch's min-cut partitioner saves for the joint graph adacc
+    plans (after its clean-ups and dropout replay, which change the min
+    cut's choice a little), within 2% of what it saves for the graph as
+    AOTAutograd hands it over (run on a copy), and its simulated activation
+    peak at most the default plan's."""
     import torch
+    from torch._functorch.partitioners import _size_of
 
+    from adacc_compile import compat
     from adacc_compile.config import AdaccConfig
     from adacc_compile.partitioner import AdaccPartitioner
     from adacc_test_utils import build_bert
 
     model, batch = build_bert() if name == "bert" else build(name)
-    torch_saved = []
+    torch_saved, planned_graph_saved = [], []
 
     class Recording(AdaccPartitioner):
         def __call__(self, gm, joint_inputs, **kwargs):
             torch_saved.append(_torch_min_cut_saved_bytes(gm, kwargs))
             return super().__call__(gm, joint_inputs, **kwargs)
 
+    min_cut = compat.default_saved_values
+
+    def recording_min_cut(joint, info, memory_budget=1.0):
+        saved = min_cut(joint, info, memory_budget)
+        static = set(info.static_lifetime_input_nodes)
+        planned_graph_saved.append(sum(
+            _size_of(n) for n in saved if n not in static and isinstance(n.meta.get("val"), torch.Tensor)
+        ))
+        return saved
+
+    monkeypatch.setattr(compat, "default_saved_values", recording_min_cut)
     partitioner = Recording(AdaccConfig.from_options({"memory_budget": 1.0}))
     compiled = torch.compile(model, backend=partitioner.backend())
     expected = loss_and_grads(model, model, *batch)
     assert_same(expected, loss_and_grads(model, compiled, *batch), rel=INDUCTOR_REL)
     summary = partitioner.reports[-1]["summary"]
-    assert summary["planned_saved_bytes"] <= torch_saved[-1], (summary["planned_saved_bytes"], torch_saved[-1])
+    planned = summary["planned_saved_bytes"]
+    assert planned <= planned_graph_saved[-1], (planned, planned_graph_saved[-1])
+    assert planned <= 1.02 * torch_saved[-1], (planned, torch_saved[-1])
     assert summary["predicted_activation_peak_bytes"] <= summary["default_activation_peak_bytes"]

@@ -154,16 +154,19 @@ def test_graph_breaks_share_the_step_budget(budget):
     assert step_peak <= limit + 1
 
 
-def test_unreachable_boundary_share_keeps_the_peak_budget():
+def test_unreachable_boundary_share_keeps_the_peak_budget(monkeypatch):
     """A ratio caps both the activation peak and the boundary bytes. Where
     plans within the peak exist but none holds the ratio's share of the
-    default's saved bytes (this GPT at 0.8, recompute only, Inductor's
-    fusion), the peak budget stands and the boundary cap becomes the least
-    any plan within it holds; it is not treated as a budget below the
-    reachable minimum (which warned with a budget above the minimum and
-    returned the slower lowest-peak plan)."""
+    default's saved bytes, the peak budget stands and the boundary cap
+    becomes the least any plan within it holds; it is not treated as a
+    budget below the reachable minimum (which warned with a budget above
+    the minimum and returned the slower lowest-peak plan). The case: this
+    GPT at 0.8, recompute only, Inductor's fusion, with the default's saved
+    bytes counted at 10% (a default that saves little next to its peak:
+    with its true count, this model's share is reachable at every ratio)."""
     import warnings
 
+    from adacc_compile import stages
     from adacc_compile.passes.fusion import Realization
     from adacc_compile.passes.plan_problem import saved_bytes
     from adacc_examples.models import GPT, GPTConfig, gpt_batch, init_weights
@@ -174,6 +177,8 @@ def test_unreachable_boundary_share_keeps_the_peak_budget():
     model.load_state_dict(eager.state_dict())
     batch = gpt_batch(cfg, 4, torch.Generator().manual_seed(0))
     options = {"memory_budget": 0.8, "codecs": (), "device_profile": "h100"}
+    counted = stages.counted_saved_bytes
+    monkeypatch.setattr(stages, "counted_saved_bytes", lambda problem, sizes: int(0.1 * counted(problem, sizes)))
     compiled, states = compile_capturing(model, options, eager=True, mode=Realization.INDUCTOR)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
