@@ -20,9 +20,10 @@ from ops such as ``arange``), so splicing it needs nothing but its nodes.
 
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
@@ -208,3 +209,50 @@ def pack_bits(bits: torch.Tensor) -> torch.Tensor:
     power = ((lane + 127) << 23).view(torch.float32)  # 2**lane, exact
     weight = torch.where(lane == 15, -32768.0, power)
     return (bits.reshape(-1, 16) * weight).sum(dim=-1).to(torch.int16).view(torch.uint8)
+
+
+# --------------------------------------------------------------------------
+# Plane-major ("vertical") packing
+# --------------------------------------------------------------------------
+#
+# Packing neighbours into one byte (element i to bit i % 8 of byte i // 8)
+# needs horizontal work per byte, which Inductor's C++ vectorises poorly.
+# The codecs instead pack *planes*: the padded values viewed as [8, M] (M
+# bytes), byte i holds bit j of element (j, i). Each plane is a contiguous
+# slice, so packing is eight vector loads combined lane by lane and
+# unpacking eight vector stores: elementwise loops over contiguous memory.
+
+
+def pack_planes(bits: torch.Tensor) -> torch.Tensor:
+    """Eight 0/1 values per byte, plane-major: ``bits`` (float32 0.0 / 1.0,
+    numel ``8 * M``) viewed as ``[8, M]``, as uint8 ``[M]`` with byte ``i``
+    = ``sum_j bits[j, i] << j``.
+
+    A float sum of the planes (exact: at most 255), cast once: float adds
+    are what Inductor's C++ vectorises best."""
+    planes = bits.reshape(8, -1)
+    word = planes[0]
+    for j in range(1, 8):
+        word = word + planes[j] * float(1 << j)
+    return word.to(torch.uint8)
+
+
+def unpack_planes(packed: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """`pack_planes` undone: the first ``numel(shape)`` bits of a one-byte
+    tensor of ``M`` bytes, as int32 0 / 1 shaped ``shape``: element ``e``
+    is bit ``e // M`` of byte ``e % M``.
+
+    Where the last dim ``B`` divides ``M`` (and no padding is cut), the
+    planes are built as ``[8, M / B, B]`` and merged into ``shape``, so the
+    byte of output ``[..., b]`` is ``b`` plus a row offset: a contiguous
+    load. Through the flat view, Inductor indexes the bytes with
+    ``flat % M``, which it does not simplify, and gathers them one by one."""
+    numel = math.prod(shape)
+    nbytes = packed.numel()
+    width = shape[-1] if len(shape) and shape[-1] and nbytes % shape[-1] == 0 else max(nbytes, 1)
+    byte = packed_fields(packed, 8).view(-1, width)
+    shifts = torch.arange(8, dtype=torch.int32, device=packed.device).view(8, 1, 1)
+    planes = (byte.unsqueeze(0) >> shifts) & 1
+    if numel == 8 * nbytes:
+        return planes.reshape(shape)
+    return planes.reshape(-1)[:numel].reshape(shape)
