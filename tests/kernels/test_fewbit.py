@@ -104,6 +104,17 @@ def test_decompress_returns_the_derivative_with_limits(name: str) -> None:
     assert set(out[1:].tolist()) <= set(table.levels)
 
 
+def test_known_bytes_plane_major() -> None:
+    """SiLU codes 7 (NaN), 6 (+Inf), 0 (-Inf), 3 (0.0); ten of them pad to
+    16 codes viewed as [8, 2]: bit b of code 2j + i is bit j of byte i of
+    plane b."""
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([nan, inf, -inf, 0.0, inf, nan, -inf, 0.0, inf, 0.0])
+    (planes,) = fewbit.torch_fewbit_silu_compress(x)
+    # byte 0 holds codes 7, 0, 6, 0, 6 (bits 0..4), byte 1 codes 6, 3, 7, 3, 3
+    assert planes.tolist() == [[0b00001, 0b11110], [0b10101, 0b11111], [0b10101, 0b00101]]
+
+
 @pytest.mark.parametrize("name", TABLES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_round_trip_shape_size_and_specials(name: str, dtype: torch.dtype) -> None:
