@@ -178,39 +178,6 @@ def bfloat16_values(data: torch.Tensor) -> torch.Tensor:
     return bits.reshape(-1).view(torch.float32).view(data.shape)
 
 
-def pack_low_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """Two 4-bit fields per byte, element ``2j`` in the low nibble of byte
-    ``j``: the low nibbles of a one-byte tensor (numel a multiple of 8),
-    flattened, as uint8 ``[numel / 2]``.
-
-    Written as int64 word arithmetic on the one-byte codes (a vectorised
-    cast to int8 stores them fast, whereas pairing neighbours directly reads
-    with stride 2, which Inductor's C++ runs element by element: int4
-    compress at 80x a copy, measured): mask the nibbles, then fold them
-    together by halves."""
-    w = codes.reshape(-1).view(torch.int64) & 0x0F0F0F0F0F0F0F0F
-    w = (w | (w >> 4)) & 0x00FF00FF00FF00FF
-    w = (w | (w >> 8)) & 0x0000FFFF0000FFFF
-    w = (w | (w >> 16)) & 0xFFFFFFFF
-    return w.to(torch.int32).view(torch.uint8)
-
-
-def pack_bits(bits: torch.Tensor) -> torch.Tensor:
-    """Eight 0/1 values per byte, LSB first: ``bits`` (float32 0.0 / 1.0,
-    numel a multiple of 16) flattened, as uint8 ``[numel / 8]``.
-
-    Each 16 values are one float sum against the weights 1, 2, ..., 2**14,
-    -2**15: exact, and the two's complement int16 of those 16 bits, so
-    one cast and a view give the bytes. A float reduction over contiguous
-    lanes is what Inductor's C++ vectorises (1.2x a float copy of the
-    values, measured); eight strided reads per byte run element by element
-    (5.5x), and an int32 horizontal sum is slower still."""
-    lane = torch.arange(16, dtype=torch.int32, device=bits.device)
-    power = ((lane + 127) << 23).view(torch.float32)  # 2**lane, exact
-    weight = torch.where(lane == 15, -32768.0, power)
-    return (bits.reshape(-1, 16) * weight).sum(dim=-1).to(torch.int16).view(torch.uint8)
-
-
 # --------------------------------------------------------------------------
 # Plane-major ("vertical") packing
 # --------------------------------------------------------------------------
