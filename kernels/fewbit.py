@@ -319,27 +319,39 @@ def torch_fewbit_silu_decompress(
 # --------------------------------------------------------------------------
 
 
-def _aten_codes(table: CodeTable, x: torch.Tensor) -> torch.Tensor:
-    """Codes of ``x`` flattened, as float32 0..7."""
-    xf = x.reshape(-1).float()
-    code = torch.full_like(xf, float(table.base))
-    for breakpoint, step in zip(table.breakpoints, table.steps):
-        above = (xf >= breakpoint).float()
-        code = code + above if step == 1 else code - above if step == -1 else code + step * above
-    return torch.where(xf != xf, float(NAN_CODE), code)
+def plane_steps(table: CodeTable) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """Per bit plane b: (bit b of the code below the first breakpoint, how
+    that bit changes, +1, -1 or 0, at each breakpoint). Bit b of code(x) is
+    the first plus the changes at the breakpoints <= x."""
+    codes = [table.base]
+    for step in table.steps:
+        codes.append(codes[-1] + step)
+    bits = [[(code >> b) & 1 for code in codes] for b in range(BITS)]
+    return tuple((bit[0], tuple(after - before for before, after in zip(bit, bit[1:]))) for bit in bits)
 
 
 def _aten_compress(table: CodeTable, x: torch.Tensor) -> list[torch.Tensor]:
-    """`_torch_compress` written for Inductor (the same bit planes)."""
+    """`_torch_compress` written for Inductor (the same bit planes).
+
+    Each bit of the code is summed directly from the 0/1 comparisons of x
+    with the breakpoints (`plane_steps`; exact small floats), and NaN (code
+    7) sets all three: about half the vector ops of summing the code and
+    then taking its bits apart (standalone compress, 1M float32: SiLU 3.9x
+    -> 2.1x a copy, GELU 4.7x -> 2.5x, measured)."""
     check_input(x, codec=table.name, dtypes=_DTYPES)
     n = x.numel()
     nbytes = (n + 7) // 8
-    code = _aten_codes(table, x)
-    code = code if n == nbytes * 8 else torch.nn.functional.pad(code, (0, nbytes * 8 - n))
-    high = (code >= 4.0).float()
-    rest = code - 4.0 * high
-    middle = (rest >= 2.0).float()
-    return [torch.stack([pack_planes(rest - 2.0 * middle), pack_planes(middle), pack_planes(high)])]
+    xf = x.reshape(-1).float()
+    above = [(xf >= breakpoint).float() for breakpoint in table.breakpoints]
+    nan = xf != xf
+    planes = []
+    for first, changes in plane_steps(table):
+        bit = torch.full_like(xf, float(first))
+        for change, a in zip(changes, above):
+            bit = bit + a if change == 1 else bit - a if change == -1 else bit
+        bit = torch.where(nan, 1.0, bit)  # padded with code 0 after the codes
+        planes.append(pack_planes(bit if n == nbytes * 8 else torch.nn.functional.pad(bit, (0, nbytes * 8 - n))))
+    return [torch.stack(planes)]
 
 
 def _aten_decompress(

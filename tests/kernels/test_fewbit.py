@@ -104,6 +104,20 @@ def test_decompress_returns_the_derivative_with_limits(name: str) -> None:
     assert set(out[1:].tolist()) <= set(table.levels)
 
 
+@pytest.mark.parametrize("name", TABLES)
+def test_plane_steps_rebuild_every_code(name: str) -> None:
+    """The aten compress sums each bit of the code from `plane_steps`; on
+    both sides of every breakpoint and at ±Inf those bits give the code."""
+    table = TABLES[name]
+    edges = torch.tensor(table.breakpoints)
+    x = torch.cat([edges, torch.nextafter(edges, torch.tensor(-math.inf)), torch.tensor([-math.inf, math.inf])])
+    code = torch.zeros(x.shape, dtype=torch.int32)
+    for b, (first, changes) in enumerate(fewbit.plane_steps(table)):
+        bit = first + sum(change * (x >= edge).int() for change, edge in zip(changes, table.breakpoints))
+        code |= bit << b
+    assert torch.equal(code, fewbit._torch_codes(table, x).int())
+
+
 def test_known_bytes_plane_major() -> None:
     """SiLU codes 7 (NaN), 6 (+Inf), 0 (-Inf), 3 (0.0); ten of them pad to
     16 codes viewed as [8, 2]: bit b of code 2j + i is bit j of byte i of
