@@ -111,9 +111,8 @@ def graph_outputs(gm: fx.GraphModule) -> list[fx.Node]:
 # uint8 -> float32 cast of 1M values ran at 5.4x a float32 copy, measured.
 # A load that does not depend on the vectorised index is a plain scalar
 # load, though. So a decompress reads its bytes as int64 words, one scalar
-# load per 8 bytes (or 64 bits), and spreads each word over a vector of
-# lanes with int32 shifts by an iota (2.0-2.7x a float32 copy for the same
-# cast, measured). Both need whole words; other sizes keep the plain cast.
+# load per 8 bytes, and spreads each word over a vector of lanes with int32
+# shifts by an iota (2.0-2.7x a float32 copy for the same cast, measured). Both need whole words; other sizes keep the plain cast.
 # With AVX512 it is the other way round (see `vector_lanes`): eight bytes
 # spread over a 16-lane vector leave the loop scalar, and the plain byte
 # load is the fast one, so 8-bit fields are read plainly there.

@@ -349,7 +349,7 @@ def _aten_compress(table: CodeTable, x: torch.Tensor) -> list[torch.Tensor]:
         bit = torch.full_like(xf, float(first))
         for change, a in zip(changes, above):
             bit = bit + a if change == 1 else bit - a if change == -1 else bit
-        bit = torch.where(nan, 1.0, bit)  # padded with code 0 after the codes
+        bit = torch.where(nan, 1.0, bit)  # NaN is code 7; the padding (code 0) comes after
         planes.append(pack_planes(bit if n == nbytes * 8 else torch.nn.functional.pad(bit, (0, nbytes * 8 - n))))
     return [torch.stack(planes)]
 
