@@ -468,7 +468,7 @@ def _aten_unpack_halves(packed: torch.Tensor, group: int) -> torch.Tensor:
     which it does not simplify, and gathers them one by one.
 
     The nibbles: with 16-lane vectors, int32 shifts of plainly loaded bytes
-    (the int4 decompress added 1.0-1.3x a copy, float arithmetic 1.5x);
+    (the int4 decompress added 1.0-1.5x a copy over runs, float arithmetic 1.5x);
     with 8 lanes, float arithmetic on `byte_values` (bytes spread from int64
     words: 2.2-2.5x, against 3.2x for int32 shifts of the same words),
     measured."""
