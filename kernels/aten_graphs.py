@@ -20,9 +20,10 @@ from ops such as ``arange``), so splicing it needs nothing but its nodes.
 
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
@@ -110,9 +111,8 @@ def graph_outputs(gm: fx.GraphModule) -> list[fx.Node]:
 # uint8 -> float32 cast of 1M values ran at 5.4x a float32 copy, measured.
 # A load that does not depend on the vectorised index is a plain scalar
 # load, though. So a decompress reads its bytes as int64 words, one scalar
-# load per 8 bytes (or 64 bits), and spreads each word over a vector of
-# lanes with int32 shifts by an iota (2.0-2.7x a float32 copy for the same
-# cast, measured). Both need whole words; other sizes keep the plain cast.
+# load per 8 bytes, and spreads each word over a vector of lanes with int32
+# shifts by an iota (2.0-2.7x a float32 copy for the same cast, measured). Both need whole words; other sizes keep the plain cast.
 # With AVX512 it is the other way round (see `vector_lanes`): eight bytes
 # spread over a 16-lane vector leave the loop scalar, and the plain byte
 # load is the fast one, so 8-bit fields are read plainly there.
@@ -177,34 +177,48 @@ def bfloat16_values(data: torch.Tensor) -> torch.Tensor:
     return bits.reshape(-1).view(torch.float32).view(data.shape)
 
 
-def pack_low_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """Two 4-bit fields per byte, element ``2j`` in the low nibble of byte
-    ``j``: the low nibbles of a one-byte tensor (numel a multiple of 8),
-    flattened, as uint8 ``[numel / 2]``.
-
-    Written as int64 word arithmetic on the one-byte codes (a vectorised
-    cast to int8 stores them fast, whereas pairing neighbours directly reads
-    with stride 2, which Inductor's C++ runs element by element: int4
-    compress at 80x a copy, measured): mask the nibbles, then fold them
-    together by halves."""
-    w = codes.reshape(-1).view(torch.int64) & 0x0F0F0F0F0F0F0F0F
-    w = (w | (w >> 4)) & 0x00FF00FF00FF00FF
-    w = (w | (w >> 8)) & 0x0000FFFF0000FFFF
-    w = (w | (w >> 16)) & 0xFFFFFFFF
-    return w.to(torch.int32).view(torch.uint8)
+# --------------------------------------------------------------------------
+# Plane-major ("vertical") packing
+# --------------------------------------------------------------------------
+#
+# Packing neighbours into one byte (element i to bit i % 8 of byte i // 8)
+# needs horizontal work per byte, which Inductor's C++ vectorises poorly.
+# The codecs instead pack *planes*: the padded values viewed as [8, M] (M
+# bytes), byte i holds bit j of element (j, i). Each plane is a contiguous
+# slice, so packing is eight vector loads combined lane by lane and
+# unpacking eight vector stores: elementwise loops over contiguous memory.
 
 
-def pack_bits(bits: torch.Tensor) -> torch.Tensor:
-    """Eight 0/1 values per byte, LSB first: ``bits`` (float32 0.0 / 1.0,
-    numel a multiple of 16) flattened, as uint8 ``[numel / 8]``.
+def pack_planes(bits: torch.Tensor) -> torch.Tensor:
+    """Eight 0/1 values per byte, plane-major: ``bits`` (float32 0.0 / 1.0,
+    numel ``8 * M``) viewed as ``[8, M]``, as uint8 ``[M]`` with byte ``i``
+    = ``sum_j bits[j, i] << j``.
 
-    Each 16 values are one float sum against the weights 1, 2, ..., 2**14,
-    -2**15: exact, and the two's complement int16 of those 16 bits, so
-    one cast and a view give the bytes. A float reduction over contiguous
-    lanes is what Inductor's C++ vectorises (1.2x a float copy of the
-    values, measured); eight strided reads per byte run element by element
-    (5.5x), and an int32 horizontal sum is slower still."""
-    lane = torch.arange(16, dtype=torch.int32, device=bits.device)
-    power = ((lane + 127) << 23).view(torch.float32)  # 2**lane, exact
-    weight = torch.where(lane == 15, -32768.0, power)
-    return (bits.reshape(-1, 16) * weight).sum(dim=-1).to(torch.int16).view(torch.uint8)
+    A float sum of the planes (exact: at most 255), cast once: float adds
+    are what Inductor's C++ vectorises best."""
+    planes = bits.reshape(8, -1)
+    word = planes[0]
+    for j in range(1, 8):
+        word = word + planes[j] * float(1 << j)
+    return word.to(torch.uint8)
+
+
+def unpack_planes(packed: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """`pack_planes` undone: the first ``numel(shape)`` bits of a one-byte
+    tensor of ``M`` bytes, as int32 0 / 1 shaped ``shape``: element ``e``
+    is bit ``e // M`` of byte ``e % M``.
+
+    Where the last dim ``B`` divides ``M`` (and no padding is cut), the
+    planes are built as ``[8, M / B, B]`` and merged into ``shape``, so the
+    byte of output ``[..., b]`` is ``b`` plus a row offset: a contiguous
+    load. Through the flat view, Inductor indexes the bytes with
+    ``flat % M``, which it does not simplify, and gathers them one by one."""
+    numel = math.prod(shape)
+    nbytes = packed.numel()
+    width = shape[-1] if len(shape) and shape[-1] and nbytes % shape[-1] == 0 else max(nbytes, 1)
+    byte = packed_fields(packed, 8).view(-1, width)
+    shifts = torch.arange(8, dtype=torch.int32, device=packed.device).view(8, 1, 1)
+    planes = (byte.unsqueeze(0) >> shifts) & 1
+    if numel == 8 * nbytes:
+        return planes.reshape(shape)
+    return planes.reshape(-1)[:numel].reshape(shape)

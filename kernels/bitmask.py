@@ -4,9 +4,16 @@ Why: torch stores a bool in a whole byte, and the masks autograd saves
 (dropout keep-masks, ReLU ``x > 0`` signs, attention masks) are pure bools,
 so packing eight per byte cuts them 8x at memory-copy cost and no error.
 
-Layout: the tensor is flattened in row-major order and element ``i`` becomes
-bit ``i % 8`` (least significant first) of byte ``i // 8``; the last byte is
-zero-padded. Payload: one uint8 tensor of ``ceil(numel / 8)`` bytes.
+Layout: plane-major. The tensor is flattened in row-major order, padded
+with False to ``8 * M`` elements (M = ``ceil(numel / 8)``) and viewed as
+``[8, M]``; byte ``i`` holds element ``(j, i)``, that is element
+``j * M + i``, in bit ``j`` (least significant first). Payload: one uint8
+tensor of M bytes.
+
+Why planes and not eight neighbours per byte: each plane is a contiguous
+slice, so packing and unpacking are elementwise over contiguous memory,
+which Inductor's C++ vectorises fully (see `aten_graphs.pack_planes`);
+gathering neighbours into a byte is horizontal work per byte.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from . import REGISTRY
-from .aten_graphs import pack_bits, packed_fields
+from .aten_graphs import pack_planes, unpack_planes
 from .codec import ApplyQuery, CodecStats
 from .oplib import (
     OpCodec,
@@ -39,7 +46,7 @@ NAME = "bitmask"
 _DTYPES = (torch.bool,)
 #: Bytes written per Triton program (8 input elements each).
 _BLOCK_BYTES = 1024
-#: Workspace slack for the tiny tensors (bit weights) of the torch reference.
+#: Workspace slack for the torch reference's scalars.
 _SMALL = 64
 
 
@@ -53,26 +60,22 @@ def bitmask_payload_spec(shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpe
 # --------------------------------------------------------------------------
 
 
-def _bit_weights(device: torch.device) -> torch.Tensor:
-    """[1, 2, 4, ..., 128] as uint8: the value of bit i of a byte."""
-    one = torch.ones(8, dtype=torch.uint8, device=device)
-    return one << torch.arange(8, dtype=torch.uint8, device=device)
-
-
 def torch_bitmask_compress(x: torch.Tensor) -> list[torch.Tensor]:
-    """Packs ``x`` (bool) eight elements per byte, LSB first.
+    """Packs ``x`` (bool) eight planes per byte (see module docstring).
 
-    Stays in uint8 throughout (the eight weighted bits of a byte are distinct,
-    so their uint8 sum cannot overflow); several times faster on CPU than
-    widening to int32.
+    Stays in uint8 throughout, ORing one shifted plane at a time into the
+    result: one plane-sized temporary, no widening.
     """
     check_input(x, codec=NAME, dtypes=_DTYPES)
     flat = x.reshape(-1).view(torch.uint8)  # reshape copies non-contiguous input once
     n = flat.numel()
     nbytes = (n + 7) // 8
     # Padding copies the input; only a tail that is not a whole byte needs it.
-    bits = (flat if n % 8 == 0 else F.pad(flat, (0, nbytes * 8 - n))).view(nbytes, 8)
-    return [(bits * _bit_weights(x.device)).sum(dim=1, dtype=torch.uint8)]
+    planes = (flat if n % 8 == 0 else F.pad(flat, (0, nbytes * 8 - n))).view(8, nbytes)
+    packed = planes[0].clone()
+    for j in range(1, 8):
+        packed.bitwise_or_(planes[j] << j)
+    return [packed]
 
 
 def torch_bitmask_decompress(
@@ -83,10 +86,13 @@ def torch_bitmask_decompress(
     check_output_dtype(dtype, codec=NAME, dtypes=_DTYPES)
     check_payload(payload, bitmask_payload_spec(shape, dtype), codec=NAME)
     packed = payload[0]
-    # ne_ in place keeps the 0/1 bytes in the uint8 buffer, which then is
-    # the bool result: no second tensor of the output's size.
-    bits = (packed.unsqueeze(1) & _bit_weights(packed.device)).ne_(0).view(torch.bool)
-    return bits.reshape(-1)[: numel_of(shape)].reshape(shape)
+    # The 0/1 bytes are written plane by plane into one uint8 buffer, which
+    # then is the bool result: no second tensor of the output's size.
+    bits = torch.empty(8, packed.numel(), dtype=torch.uint8, device=packed.device)
+    for j in range(8):
+        torch.bitwise_right_shift(packed, j, out=bits[j])
+    bits.bitwise_and_(1)
+    return bits.view(torch.bool).reshape(-1)[: numel_of(shape)].reshape(shape)
 
 
 # --------------------------------------------------------------------------
@@ -95,33 +101,25 @@ def torch_bitmask_decompress(
 
 
 def aten_bitmask_compress(x: torch.Tensor) -> list[torch.Tensor]:
-    """`torch_bitmask_compress` as float sums of the bits (exact), cast
-    once: Inductor's CPU code handles one-byte arithmetic and bool vectors
-    poorly, floats well. Whole 16-bit words go through `pack_bits`; other
-    sizes sum the eight bits of each byte."""
+    """`torch_bitmask_compress` as a float sum of the eight planes (exact),
+    cast once: Inductor's CPU code handles one-byte arithmetic and bool
+    vectors poorly, floats well (see `aten_graphs.pack_planes`)."""
     check_input(x, codec=NAME, dtypes=_DTYPES)
     flat = x.reshape(-1).float()
     n = flat.numel()
-    if n and n % 16 == 0:
-        return [pack_bits(flat)]  # one vectorised float sum per 16 bits (see aten_graphs)
     nbytes = (n + 7) // 8
-    bits = (flat if n % 8 == 0 else F.pad(flat, (0, nbytes * 8 - n))).view(nbytes, 8)
-    word = bits[:, 0]
-    for k in range(1, 8):
-        word = word + bits[:, k] * float(1 << k)
-    return [word.to(torch.uint8)]
+    return [pack_planes(flat if n % 8 == 0 else F.pad(flat, (0, nbytes * 8 - n)))]
 
 
 def aten_bitmask_decompress(
     payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype = torch.bool
 ) -> torch.Tensor:
-    """`torch_bitmask_decompress`: the bits of whole int64 words of the
-    payload, spread over lanes by int32 shifts, compared to 0 once."""
+    """`torch_bitmask_decompress`: each plane is the payload shifted,
+    compared to 0 once (see `aten_graphs.unpack_planes`)."""
     shape = check_shape(shape, codec=NAME)
     check_output_dtype(dtype, codec=NAME, dtypes=_DTYPES)
     check_payload(payload, bitmask_payload_spec(shape, dtype), codec=NAME)
-    bits = packed_fields(payload[0], 1)  # int32 shifts of int64 words (see aten_graphs)
-    return (bits != 0)[: numel_of(shape)].reshape(shape)
+    return unpack_planes(payload[0], shape) != 0
 
 
 # --------------------------------------------------------------------------
@@ -131,23 +129,23 @@ def aten_bitmask_decompress(
 
 @triton_jit
 def _bitmask_pack_kernel(x_ptr, out_ptr, n, nbytes, BLOCK: tl.constexpr):
-    # One program packs BLOCK bytes: a contiguous [BLOCK, 8] tile of input.
-    byte = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    bit = tl.arange(0, 8)
-    idx = byte[:, None] * 8 + bit[None, :]
-    v = tl.load(x_ptr + idx, mask=idx < n, other=0)
-    word = tl.sum((v != 0).to(tl.int32) << bit[None, :], axis=1)
+    # One program packs BLOCK bytes: the same BLOCK columns of all 8 planes.
+    byte = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    word = tl.zeros([BLOCK], dtype=tl.int32)
+    for plane in tl.static_range(8):
+        idx = plane * nbytes + byte
+        v = tl.load(x_ptr + idx, mask=(byte < nbytes) & (idx < n), other=0)
+        word = word | ((v != 0).to(tl.int32) << plane)
     tl.store(out_ptr + byte, word.to(tl.uint8), mask=byte < nbytes)
 
 
 @triton_jit
 def _bitmask_unpack_kernel(packed_ptr, out_ptr, n, nbytes, BLOCK: tl.constexpr):
-    byte = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    bit = tl.arange(0, 8)
+    byte = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
     word = tl.load(packed_ptr + byte, mask=byte < nbytes, other=0).to(tl.int32)
-    bits = (word[:, None] >> bit[None, :]) & 1
-    idx = byte[:, None] * 8 + bit[None, :]
-    tl.store(out_ptr + idx, bits.to(tl.uint8), mask=idx < n)
+    for plane in tl.static_range(8):
+        idx = plane * nbytes + byte
+        tl.store(out_ptr + idx, ((word >> plane) & 1).to(tl.uint8), mask=(byte < nbytes) & (idx < n))
 
 
 def triton_bitmask_compress(x: torch.Tensor) -> list[torch.Tensor]:
@@ -217,16 +215,17 @@ class BitmaskCodec(OpCodec):
         return query.dtype == torch.bool
 
     def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:
-        """Torch reference: compress multiplies the whole bytes by their bit
-        weights (one byte per element, twice when a partial last byte needs
-        a padded copy); decompress only rounds its result up to whole bytes.
-        The kernels need nothing."""
+        """Torch reference: compress holds one shifted plane (a byte per
+        eight elements) beside the result, plus a padded copy of the input
+        when a partial last byte needs one; decompress only rounds its
+        result up to whole bytes. The kernels need nothing."""
         if triton:
             return Workspace()
         numel = numel_of(shape)
-        whole = (numel + 7) // 8 * 8
+        nbytes = (numel + 7) // 8
+        whole = nbytes * 8
         return Workspace(
-            compress=whole * (1 if numel % 8 == 0 else 2) + _SMALL,
+            compress=nbytes + (0 if numel % 8 == 0 else whole) + _SMALL,
             decompress=whole - numel + _SMALL,
         )
 

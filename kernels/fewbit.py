@@ -35,9 +35,13 @@ means the exact erf form (``approximate="none"``); the tanh form's derivative
 differs from it by at most 0.001, far below the quantisation error (ApplyQuery
 cannot tell the two apart).
 
-Layout: the flattened tensor's codes as three bit planes: payload[0] is uint8
-[3, ceil(numel / 8)], plane ``b`` holding bit ``b`` of elements 8j..8j+7 in
-byte j (LSB first), 0.375 bytes per element.
+Layout: payload[0] is uint8 [3, M], M = ceil(numel / 8): row ``b`` holds
+bit ``b`` of every code, packed plane-major as bitmask packs its bools. The
+flattened codes, padded with code 0 to ``8 * M``, are viewed as ``[8, M]``;
+bit ``b`` of code ``(j, i)`` (element ``j * M + i``) is bit ``j`` of byte
+``i`` of row ``b``. 0.375 bytes per element. Plane-major so that packing
+and unpacking are elementwise loops over contiguous memory, which
+Inductor's C++ vectorises (see `aten_graphs.pack_planes`).
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import REGISTRY
-from .aten_graphs import pack_bits, packed_fields
+from .aten_graphs import pack_planes, unpack_planes
 from .codec import ApplyQuery, CodecStats, DecompressKind
 from .oplib import (
     OpCodec,
@@ -255,14 +259,12 @@ def _torch_codes(table: CodeTable, x: torch.Tensor, size: int | None = None) -> 
 def _torch_compress(table: CodeTable, x: torch.Tensor) -> list[torch.Tensor]:
     check_input(x, codec=table.name, dtypes=_DTYPES)
     nbytes = (x.numel() + 7) // 8
-    bits = _torch_codes(table, x, nbytes * 8).view(nbytes, 8)
-    shifts = torch.arange(8, dtype=torch.uint8, device=x.device)
-    planes = []
-    for plane in range(BITS):  # one shifted copy of the codes at a time
-        word = (bits >> plane).bitwise_and_(1).bitwise_left_shift_(shifts)
-        planes.append(word.sum(dim=-1, dtype=torch.uint8))  # distinct bits: no carry
-        del word
-    return [torch.stack(planes)]
+    codes = _torch_codes(table, x, nbytes * 8).view(8, nbytes)
+    planes = torch.zeros(BITS, nbytes, dtype=torch.uint8, device=x.device)
+    for j in range(8):  # one shifted copy of one row of codes at a time
+        for plane in range(BITS):
+            planes[plane].bitwise_or_((codes[j] >> plane).bitwise_and_(1).bitwise_left_shift_(j))
+    return [planes]
 
 
 def _torch_decompress(
@@ -270,10 +272,10 @@ def _torch_decompress(
 ) -> torch.Tensor:
     shape = _check_decompress(table, payload, shape, dtype)
     planes = payload[0]
-    shifts = torch.arange(8, dtype=torch.uint8, device=planes.device)
-    code = torch.zeros(planes.shape[1], 8, dtype=torch.uint8, device=planes.device)
-    for plane in range(BITS):
-        code.bitwise_or_((planes[plane].unsqueeze(1) >> shifts).bitwise_and_(1).bitwise_left_shift_(plane))
+    code = torch.zeros(8, planes.shape[1], dtype=torch.uint8, device=planes.device)
+    for j in range(8):  # one shifted copy of one plane at a time
+        for plane in range(BITS):
+            code[j].bitwise_or_((planes[plane] >> j).bitwise_and_(1).bitwise_left_shift_(plane))
     code = code.view(-1)[: numel_of(shape)]
     # One masked fill per level instead of a gather, whose index would have to
     # be int32 or int64 (4-8 bytes per element). The levels are rounded from
@@ -317,37 +319,39 @@ def torch_fewbit_silu_decompress(
 # --------------------------------------------------------------------------
 
 
-def _aten_codes(table: CodeTable, x: torch.Tensor) -> torch.Tensor:
-    """Codes of ``x`` flattened, as float32 0..7."""
-    xf = x.reshape(-1).float()
-    code = torch.full_like(xf, float(table.base))
-    for breakpoint, step in zip(table.breakpoints, table.steps):
-        code = code + torch.where(xf >= breakpoint, float(step), 0.0)
-    return torch.where(xf != xf, float(NAN_CODE), code)
+def plane_steps(table: CodeTable) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """Per bit plane b: (bit b of the code below the first breakpoint, how
+    that bit changes, +1, -1 or 0, at each breakpoint). Bit b of code(x) is
+    the first plus the changes at the breakpoints <= x."""
+    codes = [table.base]
+    for step in table.steps:
+        codes.append(codes[-1] + step)
+    bits = [[(code >> b) & 1 for code in codes] for b in range(BITS)]
+    return tuple((bit[0], tuple(after - before for before, after in zip(bit, bit[1:]))) for bit in bits)
 
 
 def _aten_compress(table: CodeTable, x: torch.Tensor) -> list[torch.Tensor]:
-    """`_torch_compress` written for Inductor (the same bit planes)."""
+    """`_torch_compress` written for Inductor (the same bit planes).
+
+    Each bit of the code is summed directly from the 0/1 comparisons of x
+    with the breakpoints (`plane_steps`; exact small floats), and NaN (code
+    7) sets all three: about half the vector ops of summing the code and
+    then taking its bits apart (standalone compress, 1M float32: SiLU 3.9x
+    -> 2.1x a copy, GELU 4.7x -> 2.5x, measured)."""
     check_input(x, codec=table.name, dtypes=_DTYPES)
     n = x.numel()
     nbytes = (n + 7) // 8
-    code = _aten_codes(table, x)
-    code = code if n == nbytes * 8 else torch.nn.functional.pad(code, (0, nbytes * 8 - n))
-    if nbytes % 2 == 0:  # whole 16-bit words: one vectorised float sum each (see aten_graphs)
-        high = (code >= 4.0).float()
-        rest = code - 4.0 * high
-        middle = (rest >= 2.0).float()
-        return [torch.stack([pack_bits(rest - 2.0 * middle), pack_bits(middle), pack_bits(high)])]
-    code = code.view(nbytes, 8)
-    # A sum over the 8 codes of a byte (a contiguous reduction Inductor
-    # vectorises) rather than 8 strided slices (3x slower, measured).
-    weight = torch.pow(2.0, torch.arange(8, dtype=torch.float32, device=code.device))
+    xf = x.reshape(-1).float()
+    above = [(xf >= breakpoint).float() for breakpoint in table.breakpoints]
+    nan = xf != xf
     planes = []
-    for plane in range(BITS):
-        shifted = torch.floor(code * (1.0 / (1 << plane)))
-        bit = shifted - 2.0 * torch.floor(shifted * 0.5)
-        planes.append((bit * weight).sum(dim=-1))
-    return [torch.stack(planes).to(torch.uint8)]
+    for first, changes in plane_steps(table):
+        bit = torch.full_like(xf, float(first))
+        for change, a in zip(changes, above):
+            bit = bit + a if change == 1 else bit - a if change == -1 else bit
+        bit = torch.where(nan, 1.0, bit)  # NaN is code 7; the padding (code 0) comes after
+        planes.append(pack_planes(bit if n == nbytes * 8 else torch.nn.functional.pad(bit, (0, nbytes * 8 - n))))
+    return [torch.stack(planes)]
 
 
 def _aten_decompress(
@@ -357,12 +361,12 @@ def _aten_decompress(
     (the levels rounded to ``dtype``), picked by comparisons."""
     shape = _check_decompress(table, payload, shape, dtype)
     planes = payload[0]
-    bits = [packed_fields(planes[b], 1) for b in range(BITS)]  # see aten_graphs.packed_fields
-    code = (bits[0] | (bits[1] << 1) | (bits[2] << 2))[: numel_of(shape)].float()
+    bits = [unpack_planes(planes[b], shape) for b in range(BITS)]
+    code = (bits[0] | (bits[1] << 1) | (bits[2] << 2)).float()
     value = torch.full_like(code, float("nan"))
     for level, rounded in enumerate(_LEVELS_IN_DTYPE[table.name, dtype]):
         value = torch.where(code == float(level), rounded, value)
-    return value.to(dtype).reshape(shape)
+    return value.to(dtype)
 
 
 # --------------------------------------------------------------------------
@@ -375,35 +379,40 @@ def _fewbit_compress_kernel(
     x_ptr, out_ptr, n, nbytes,
     BREAKPOINTS: tl.constexpr, STEPS: tl.constexpr, BASE: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    # One program: a contiguous [BLOCK, 8] tile of x -> BLOCK bytes of each plane.
+    # One program: the same BLOCK columns of x viewed as [8, nbytes] -> BLOCK
+    # bytes of each plane.
     byte = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
-    bit = tl.arange(0, 8)
-    index = byte[:, None] * 8 + bit[None, :]
-    inside = index < n
-    x = tl.load(x_ptr + index, mask=inside, other=0.0).to(tl.float32)
-    code = tl.full([BLOCK, 8], BASE, tl.int32)
-    for i in tl.static_range(len(BREAKPOINTS)):
-        code += tl.where(x >= BREAKPOINTS[i], STEPS[i], 0)
-    code = tl.where(x != x, 7, code)
-    code = tl.where(inside, code, 0)
+    words = tl.zeros([BLOCK], dtype=tl.int32)  # plane b in bits 8b..8b+7
+    for j in tl.static_range(8):
+        index = j * nbytes + byte
+        inside = (byte < nbytes) & (index < n)
+        x = tl.load(x_ptr + index, mask=inside, other=0.0).to(tl.float32)
+        code = tl.full([BLOCK], BASE, tl.int32)
+        for i in tl.static_range(len(BREAKPOINTS)):
+            code += tl.where(x >= BREAKPOINTS[i], STEPS[i], 0)
+        code = tl.where(x != x, 7, code)
+        code = tl.where(inside, code, 0)
+        for plane in tl.static_range(3):
+            words = words | (((code >> plane) & 1) << (8 * plane + j))
     for plane in tl.static_range(3):
-        word = tl.sum(((code >> plane) & 1) << bit[None, :], axis=1)
+        word = (words >> (8 * plane)) & 255
         tl.store(out_ptr + plane * nbytes + byte, word.to(tl.uint8), mask=byte < nbytes)
 
 
 @triton_jit
 def _fewbit_decompress_kernel(packed_ptr, out_ptr, n, nbytes, LEVELS: tl.constexpr, BLOCK: tl.constexpr):
     byte = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
-    bit = tl.arange(0, 8)
-    code = tl.zeros([BLOCK, 8], dtype=tl.int32)
+    words = tl.zeros([BLOCK], dtype=tl.int32)  # plane b in bits 8b..8b+7
     for plane in tl.static_range(3):
         word = tl.load(packed_ptr + plane * nbytes + byte, mask=byte < nbytes, other=0).to(tl.int32)
-        code = code | (((word[:, None] >> bit[None, :]) & 1) << plane)
-    value = tl.full([BLOCK, 8], float("nan"), tl.float32)
-    for level in tl.static_range(len(LEVELS)):
-        value = tl.where(code == level, LEVELS[level], value)
-    index = byte[:, None] * 8 + bit[None, :]
-    tl.store(out_ptr + index, rne_cast(value, out_ptr.dtype.element_ty), mask=index < n)
+        words = words | (word << (8 * plane))
+    for j in tl.static_range(8):
+        code = ((words >> j) & 1) | ((words >> (7 + j)) & 2) | ((words >> (14 + j)) & 4)
+        value = tl.full([BLOCK], float("nan"), tl.float32)
+        for level in tl.static_range(len(LEVELS)):
+            value = tl.where(code == level, LEVELS[level], value)
+        index = j * nbytes + byte
+        tl.store(out_ptr + index, rne_cast(value, out_ptr.dtype.element_ty), mask=(byte < nbytes) & (index < n))
 
 
 def _triton_compress(table: CodeTable, x: torch.Tensor) -> list[torch.Tensor]:
@@ -517,9 +526,9 @@ class FewBitCodec(OpCodec):
     def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:
         """Torch reference, on B = 8 * ceil(numel / 8) one-byte codes: compress
         holds a float32 copy of a half-precision x, the codes and one bool
-        mask, then the codes, one shifted copy and the three planes;
-        decompress the codes and one shifted copy, then the codes and one
-        mask beside the result. The kernels need nothing."""
+        mask, then the codes, one shifted row of them (B / 8) and the three
+        planes; decompress the codes and one shifted plane, then the codes
+        and one mask beside the result. The kernels need nothing."""
         if triton:
             return Workspace()
         numel = numel_of(shape)
@@ -527,7 +536,7 @@ class FewBitCodec(OpCodec):
         copy = 0 if dtype == torch.float32 else float32_scratch(shape)
         planes = BITS * codes // 8
         return Workspace(
-            compress=max(copy + codes + numel, 2 * codes + planes) + _SMALL,
+            compress=max(copy + codes + numel, codes + codes // 8 + planes) + _SMALL,
             decompress=2 * codes + _SMALL,
         )
 

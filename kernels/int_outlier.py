@@ -13,11 +13,17 @@ channels once padded to whole groups, and K = min(C, max(1, C // 64)) outlier
 slots. The payload is::
 
     [0] codes   int8  [R, P]       int8_outlier
-                uint8 [R, P / 2]   int4_outlier: channel 2j in the low nibble,
-                                   2j + 1 in the high one
+                uint8 [R, P / 2]   int4_outlier: byte j of a row holds channel j
+                                   in its low nibble, channel j + P / 2 in
+                                   its high one
     [1] scales  bfloat16 [R, P / G]  one symmetric scale per row and group
     [2] index   int32 [K]          outlier channels, ascending
     [3] values  x.dtype [R, K]     those channels, bit for bit
+
+The int4 nibbles pair channel j with channel j + P / 2 (P is even: whole
+groups of 32), not with its neighbour, so that packing and unpacking
+combine two contiguous halves of a row elementwise, which Inductor's C++
+vectorises; pairing neighbours needs horizontal work per byte.
 
 Every size depends on the shape and dtype only, so `compressed_nbytes` is
 exact before any data is seen (the planner needs that). Padding codes (0)
@@ -75,8 +81,8 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from . import REGISTRY
-from .aten_graphs import bfloat16_values, byte_values, pack_low_nibbles, packed_fields
+from . import REGISTRY, aten_graphs
+from .aten_graphs import bfloat16_values, byte_values, packed_fields
 from .codec import ApplyQuery, CodecStats
 from .oplib import (
     OpCodec,
@@ -293,8 +299,8 @@ def _torch_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
         del nonfinite, code_view, flagged
     if fmt.pack4:
         # uint8 shifts keep the low four bits of each two's-complement code.
-        pairs = codes.view(torch.uint8).view(rows, padded // 2, 2)
-        packed = (pairs[..., 0] & 15).bitwise_or_(pairs[..., 1] << 4)
+        halves = codes.view(torch.uint8)
+        packed = (halves[:, : padded // 2] & 15).bitwise_or_(halves[:, padded // 2 :] << 4)
     else:
         packed = codes
     stored_scale = torch.where(special, -scale, scale)
@@ -312,7 +318,7 @@ def _torch_decompress(
     groups = scale.shape[1]
     if fmt.pack4:
         # Nibbles n in 0..15 -> (n ^ 8) - 8 in -8..7, all in 8-bit integers.
-        codes = torch.stack((packed & 15, packed >> 4), dim=-1).bitwise_xor_(8).view(torch.int8).sub_(8)
+        codes = torch.cat((packed & 15, packed >> 4), dim=-1).bitwise_xor_(8).view(torch.int8).sub_(8)
     else:
         codes = packed
     codes = codes.reshape(rows, groups, fmt.group)
@@ -430,14 +436,54 @@ def _aten_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     # Cast on the [rows, groups, G] shape: the codes kernel then has the
     # reduction's loops outside, and Inductor fuses the two (viewed as
     # [rows, P] first, their loop ranges differ and they are not fused).
-    codes = (torch.where(ok, q, reserved) * regular).to(torch.int8)
-    if fmt.pack4:  # two's complement int8 codes; their low nibbles are the int4 codes
-        packed = pack_low_nibbles(codes).view(rows, padded // 2)
+    codes = torch.where(ok, q, reserved) * regular
+    if fmt.pack4:
+        packed = _aten_pack_halves(codes.view(rows, padded))
     else:
-        packed = codes.view(rows, padded)
+        packed = codes.to(torch.int8).view(rows, padded)
     stored_scale = torch.where(special, -scale_f, scale_f).to(_SCALE_DTYPE)  # exact: bfloat16 values
     values = x2d.index_select(1, index.long())
     return [packed, stored_scale, index, values]
+
+
+def _aten_pack_halves(codes: torch.Tensor) -> torch.Tensor:
+    """Float codes -8..7 ``[R, P]`` as int4 bytes ``[R, P / 2]``: the first
+    half of each row in the low nibbles, the second in the high ones. Two
+    contiguous reads per byte, in float (the nibble of a negative code is
+    code + 16), cast once."""
+    half = codes.shape[1] // 2
+    low, high = codes[:, :half].to(torch.int32), codes[:, half:].to(torch.int32)
+    return ((low & 15) | ((high & 15) << 4)).to(torch.uint8)
+
+
+def _aten_unpack_halves(packed: torch.Tensor, group: int) -> torch.Tensor:
+    """`_aten_pack_halves` undone: float codes -8..7 ``[R, P]``, row ``r``
+    being the low nibbles of packed row ``r``, then its high nibbles.
+
+    Built as ``[R, 2, P / 2 / group, group]`` where whole groups fit in a
+    half (an even number of groups), so that a reader looping over
+    ``[R, groups, group]`` finds the byte of a code at its in-group offset
+    plus a group's offset: a contiguous load. Through ``[R, 2, P / 2]``
+    alone, Inductor indexes the bytes with ``(offset + group * g) % (P / 2)``,
+    which it does not simplify, and gathers them one by one.
+
+    The nibbles: with 16-lane vectors, int32 shifts of plainly loaded bytes
+    (the int4 decompress added 1.0-1.5x a copy over runs, float arithmetic 1.5x);
+    with 8 lanes, float arithmetic on `byte_values` (bytes spread from int64
+    words: 2.2-2.5x, against 3.2x for int32 shifts of the same words),
+    measured."""
+    rows, half = packed.shape
+    width = group if half % group == 0 else half
+    shape = (rows, 1, half // width, width)
+    first = (torch.arange(2, device=packed.device) == 0).view(1, 2, 1, 1)
+    if aten_graphs.vector_lanes(packed.device) > 8:
+        byte = packed_fields(packed, 8).view(shape)
+        nibbles = torch.where(first, byte & 15, byte >> 4).float()
+    else:
+        byte = byte_values(packed).view(shape)
+        high = torch.floor(byte * 0.0625)
+        nibbles = torch.where(first, byte - 16.0 * high, high)
+    return torch.where(nibbles >= 8.0, nibbles - 16.0, nibbles).view(rows, 2 * half)
 
 
 def _aten_decompress(
@@ -450,10 +496,8 @@ def _aten_decompress(
         return _torch_decompress(fmt, payload, shape, dtype)
     packed, scale, index, values = payload
     groups = scale.shape[1]
-    # Codes read as fields of int64 words (see aten_graphs.packed_fields).
     if fmt.pack4:
-        nibbles = packed_fields(packed, 4).float()
-        q = torch.where(nibbles >= 8.0, nibbles - 16.0, nibbles)
+        q = _aten_unpack_halves(packed, fmt.group)
     else:
         byte = byte_values(packed)
         q = torch.where(byte >= 128.0, byte - 256.0, byte)
@@ -542,49 +586,92 @@ def _codes(x, finite, regular, scale, limit, QMAX: tl.constexpr):
 
 
 @triton_jit
-def _quantize_kernel(
-    x_ptr, slot_ptr, code_ptr, scale_ptr, value_ptr,
-    R, C, K, stride_r, stride_c, code_stride, num_groups,
-    QMAX: tl.constexpr, GROUP: tl.constexpr, PACK4: tl.constexpr, BLOCK_R: tl.constexpr,
+def _when(mask, flag):
+    # ``mask`` where the scalar int ``flag`` is nonzero, broadcast into a
+    # tensor (the Triton interpreter rejects a scalar in a mask).
+    return mask & ((mask.to(tl.int32) * 0 + flag) != 0)
+
+
+@triton_jit
+def _quantize_group(
+    x_ptr, slot_ptr, scale_ptr, value_ptr, rows, rmask, group, own_first, own_second,
+    C, K, stride_r, stride_c, num_groups, QMAX: tl.constexpr, GROUP: tl.constexpr,
 ):  # fmt: skip
-    # Program (i, g): rows block i, channel group g. Reads x once; writes the
-    # group's codes, its scale and the outlier values that fall in it.
-    group = tl.program_id(1)
-    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    rmask = rows < R
+    # One group, read as its two contiguous halves: returns the codes of
+    # both; stores the group's scale where this program owns the first half
+    # and the outlier values of each half it owns (each half is owned by one
+    # program; own_first / own_second are 0 or 1).
     half = tl.arange(0, GROUP // 2)
-    col_e = group * GROUP + 2 * half
-    col_o = col_e + 1
-    raw_e, x_e, slot_e, valid_e, fin_e, reg_e = _load_half(
-        x_ptr, slot_ptr, rows, rmask, col_e, C, stride_r, stride_c
+    col_a = group * GROUP + half
+    col_b = col_a + GROUP // 2
+    raw_a, x_a, slot_a, valid_a, fin_a, reg_a = _load_half(
+        x_ptr, slot_ptr, rows, rmask, col_a, C, stride_r, stride_c
     )
-    raw_o, x_o, slot_o, valid_o, fin_o, reg_o = _load_half(
-        x_ptr, slot_ptr, rows, rmask, col_o, C, stride_r, stride_c
+    raw_b, x_b, slot_b, valid_b, fin_b, reg_b = _load_half(
+        x_ptr, slot_ptr, rows, rmask, col_b, C, stride_r, stride_c
     )
     amax = tl.maximum(
-        tl.max(tl.where(reg_e & fin_e, tl.abs(x_e), 0.0), axis=1),
-        tl.max(tl.where(reg_o & fin_o, tl.abs(x_o), 0.0), axis=1),
+        tl.max(tl.where(reg_a & fin_a, tl.abs(x_a), 0.0), axis=1),
+        tl.max(tl.where(reg_b & fin_b, tl.abs(x_b), 0.0), axis=1),
     )
     nonfinite = tl.maximum(
-        tl.max((reg_e & ~fin_e).to(tl.int32), axis=1), tl.max((reg_o & ~fin_o).to(tl.int32), axis=1)
+        tl.max((reg_a & ~fin_a).to(tl.int32), axis=1), tl.max((reg_b & ~fin_b).to(tl.int32), axis=1)
     )
     special = nonfinite > 0
     limit = tl.where(special, QMAX - 1.0, QMAX * 1.0)
     # bfloat16 scale rounded toward zero (see truncate_to_bfloat16).
     scale = (tl.math.div_rn(amax, limit).to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
     stored = tl.where(special, -scale, scale).to(tl.bfloat16)  # exact: scale is a bfloat16 value
-    tl.store(scale_ptr + rows * num_groups + group, stored, mask=rmask)
-    q_e = _codes(x_e, fin_e, reg_e, scale, limit, QMAX)
-    q_o = _codes(x_o, fin_o, reg_o, scale, limit, QMAX)
+    tl.store(scale_ptr + rows * num_groups + group, stored, mask=_when(rmask, own_first))
+    outlier_a = _when(valid_a & (slot_a >= 0)[None, :], own_first)
+    outlier_b = _when(valid_b & (slot_b >= 0)[None, :], own_second)
+    tl.store(value_ptr + rows[:, None] * K + slot_a[None, :], raw_a, mask=outlier_a)
+    tl.store(value_ptr + rows[:, None] * K + slot_b[None, :], raw_b, mask=outlier_b)
+    return _codes(x_a, fin_a, reg_a, scale, limit, QMAX), _codes(x_b, fin_b, reg_b, scale, limit, QMAX)
+
+
+@triton_jit
+def _quantize_kernel(
+    x_ptr, slot_ptr, code_ptr, scale_ptr, value_ptr,
+    R, C, K, stride_r, stride_c, code_stride, num_groups,
+    QMAX: tl.constexpr, GROUP: tl.constexpr, PACK4: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    # int8, program (i, g): rows block i, channel group g; writes the group's
+    # codes, its scale and the outlier values that fall in it. int4, program
+    # (i, k): bytes [k * G/2, (k + 1) * G/2) of each row, whose low nibbles are
+    # channels k * G/2 + h (half k % 2 of group k // 2) and high nibbles
+    # channels (groups + k) * G/2 + h (P / 2 = groups * G/2 further on); it
+    # quantises both groups those halves belong to and keeps one half of each.
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rmask = rows < R
+    half = tl.arange(0, GROUP // 2)
     if PACK4:
-        byte = (q_e & 15) | ((q_o & 15) << 4)
-        offsets = rows[:, None] * code_stride + (group * (GROUP // 2) + half)[None, :]
+        k = tl.program_id(1)
+        low_part = k % 2
+        q_a, q_b = _quantize_group(
+            x_ptr, slot_ptr, scale_ptr, value_ptr, rows, rmask, k // 2, 1 - low_part, low_part,
+            C, K, stride_r, stride_c, num_groups, QMAX, GROUP,
+        )  # fmt: skip
+        low = tl.where(low_part == 0, q_a, q_b)
+        high_part = (num_groups + k) % 2
+        q_a, q_b = _quantize_group(
+            x_ptr, slot_ptr, scale_ptr, value_ptr, rows, rmask, (num_groups + k) // 2,
+            1 - high_part, high_part, C, K, stride_r, stride_c, num_groups, QMAX, GROUP,
+        )  # fmt: skip
+        high = tl.where(high_part == 0, q_a, q_b)
+        byte = (low & 15) | ((high & 15) << 4)
+        offsets = rows[:, None] * code_stride + (k * (GROUP // 2) + half)[None, :]
         tl.store(code_ptr + offsets, byte.to(tl.uint8), mask=rmask[:, None])
     else:  # padding channels (col >= C) get code 0
-        tl.store(code_ptr + rows[:, None] * code_stride + col_e[None, :], q_e.to(tl.int8), mask=rmask[:, None])
-        tl.store(code_ptr + rows[:, None] * code_stride + col_o[None, :], q_o.to(tl.int8), mask=rmask[:, None])
-    tl.store(value_ptr + rows[:, None] * K + slot_e[None, :], raw_e, mask=valid_e & (slot_e >= 0)[None, :])
-    tl.store(value_ptr + rows[:, None] * K + slot_o[None, :], raw_o, mask=valid_o & (slot_o >= 0)[None, :])
+        group = tl.program_id(1)
+        q_a, q_b = _quantize_group(
+            x_ptr, slot_ptr, scale_ptr, value_ptr, rows, rmask, group, 1, 1,
+            C, K, stride_r, stride_c, num_groups, QMAX, GROUP,
+        )  # fmt: skip
+        col_a = group * GROUP + half
+        offsets = rows[:, None] * code_stride + col_a[None, :]
+        tl.store(code_ptr + offsets, q_a.to(tl.int8), mask=rmask[:, None])
+        tl.store(code_ptr + offsets + GROUP // 2, q_b.to(tl.int8), mask=rmask[:, None])
 
 
 @triton_jit
@@ -607,33 +694,47 @@ def _store_half(
 
 
 @triton_jit
+def _load_scale(scale_ptr, rows, rmask, group, num_groups):
+    # A group's scale magnitude per row, and its sign bit: the group holds NaN/Inf.
+    scale = tl.load(scale_ptr + rows * num_groups + group, mask=rmask, other=0.0)
+    return tl.abs(scale.to(tl.float32)), scale.to(tl.int16, bitcast=True) < 0
+
+
+@triton_jit
 def _dequantize_kernel(
     code_ptr, scale_ptr, slot_ptr, value_ptr, out_ptr,
     R, C, K, code_stride, num_groups,
     QMAX: tl.constexpr, GROUP: tl.constexpr, PACK4: tl.constexpr, BLOCK_R: tl.constexpr,
 ):  # fmt: skip
-    group = tl.program_id(1)
+    # Programs as in _quantize_kernel: (i, g) a group of int8 codes, (i, k)
+    # G/2 int4 bytes of each row, holding channels k * G/2 + h (low nibbles)
+    # and (groups + k) * G/2 + h (high nibbles).
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     rmask = rows < R
     half = tl.arange(0, GROUP // 2)
-    col_e = group * GROUP + 2 * half
-    col_o = col_e + 1
-    scale = tl.load(scale_ptr + rows * num_groups + group, mask=rmask, other=0.0)
-    special = scale.to(tl.int16, bitcast=True) < 0  # sign bit: the group holds NaN/Inf
-    magnitude = tl.abs(scale.to(tl.float32))
     if PACK4:
-        offsets = rows[:, None] * code_stride + (group * (GROUP // 2) + half)[None, :]
-        byte = tl.load(code_ptr + offsets, mask=rmask[:, None] & (col_e < C)[None, :], other=0).to(tl.int32)
-        q_e = ((byte & 15) ^ 8) - 8
-        q_o = (((byte >> 4) & 15) ^ 8) - 8
+        k = tl.program_id(1)
+        col_a = k * (GROUP // 2) + half
+        col_b = (num_groups + k) * (GROUP // 2) + half
+        magnitude_a, special_a = _load_scale(scale_ptr, rows, rmask, k // 2, num_groups)
+        magnitude_b, special_b = _load_scale(scale_ptr, rows, rmask, (num_groups + k) // 2, num_groups)
+        offsets = rows[:, None] * code_stride + col_a[None, :]
+        byte = tl.load(code_ptr + offsets, mask=rmask[:, None], other=0).to(tl.int32)
+        q_a = ((byte & 15) ^ 8) - 8
+        q_b = (((byte >> 4) & 15) ^ 8) - 8
     else:
-        mask_e = rmask[:, None] & (col_e < C)[None, :]
-        mask_o = rmask[:, None] & (col_o < C)[None, :]
+        group = tl.program_id(1)
+        col_a = group * GROUP + half
+        col_b = col_a + GROUP // 2
+        magnitude_a, special_a = _load_scale(scale_ptr, rows, rmask, group, num_groups)
+        magnitude_b, special_b = magnitude_a, special_a
         row_offsets = rows[:, None] * code_stride
-        q_e = tl.load(code_ptr + row_offsets + col_e[None, :], mask=mask_e, other=0).to(tl.int32)
-        q_o = tl.load(code_ptr + row_offsets + col_o[None, :], mask=mask_o, other=0).to(tl.int32)
-    _store_half(out_ptr, slot_ptr, value_ptr, q_e, magnitude, special, rows, rmask, col_e, C, K, QMAX)
-    _store_half(out_ptr, slot_ptr, value_ptr, q_o, magnitude, special, rows, rmask, col_o, C, K, QMAX)
+        mask_a = rmask[:, None] & (col_a < C)[None, :]
+        mask_b = rmask[:, None] & (col_b < C)[None, :]
+        q_a = tl.load(code_ptr + row_offsets + col_a[None, :], mask=mask_a, other=0).to(tl.int32)
+        q_b = tl.load(code_ptr + row_offsets + col_b[None, :], mask=mask_b, other=0).to(tl.int32)
+    _store_half(out_ptr, slot_ptr, value_ptr, q_a, magnitude_a, special_a, rows, rmask, col_a, C, K, QMAX)
+    _store_half(out_ptr, slot_ptr, value_ptr, q_b, magnitude_b, special_b, rows, rmask, col_b, C, K, QMAX)
 
 
 def triton_channel_absmax(x2d: torch.Tensor) -> torch.Tensor:
@@ -661,7 +762,7 @@ def _triton_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     spec = int_outlier_payload_spec(fmt, x.shape, x.dtype)
     codes, scale, _, values = (torch.empty(s, dtype=d, device=x.device) for s, d in spec)
     groups = scale.shape[1]
-    grid = ((rows + _BLOCK_ROWS - 1) // _BLOCK_ROWS, groups)
+    grid = ((rows + _BLOCK_ROWS - 1) // _BLOCK_ROWS, groups)  # int4: as many G/2-byte chunks per row
     launch(
         _quantize_kernel, grid, x2d, slot, codes, scale, values,
         rows, channels, index.shape[0], x2d.stride(0), x2d.stride(1), codes.shape[1], groups,

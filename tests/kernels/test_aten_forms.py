@@ -15,6 +15,7 @@ make NaN through different casts; the aten forms make the canonical one).
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import pytest
@@ -147,7 +148,8 @@ def test_inductor_compiled_aten_form_equals_reference(name: str, dtype: torch.dt
 @pytest.mark.parametrize("name", available_codecs())
 def test_inductor_compiled_aten_form_on_whole_words(name: str, monkeypatch) -> None:
     """The same on a shape whose payloads are whole int64 words, the fast
-    paths of `aten_graphs` (packed_fields, pack_bits, bfloat16_values),
+    paths of `aten_graphs` (packed_fields, unpack_planes, bfloat16_values)
+    and of int4's unpacking (whole groups in each half of a row),
     which the odd shape above steers around."""
     monkeypatch.setenv("ADACC_KERNELS", "torch")
     _compiled_equals_reference(name, _dtypes(name)[0], (16, 256), seed=4)
@@ -159,7 +161,9 @@ def _other_lanes() -> int:
     return 8 if aten_graphs.vector_lanes(torch.device("cpu")) > 8 else 16
 
 
-@pytest.mark.parametrize("name", ["int8_outlier", "fp8_e4m3", "fp8_e5m2", "softmax_u8", "bitmask"])
+@pytest.mark.parametrize(
+    "name", ["int8_outlier", "int4_outlier", "fp8_e4m3", "fp8_e5m2", "softmax_u8", "bitmask", "fewbit_silu"]
+)
 def test_inductor_compiled_aten_form_for_the_other_vector_width(name: str, monkeypatch) -> None:
     """The forms that read or write bytes differently for 8- and 16-lane
     vectors (`aten_graphs.vector_lanes`): the path this CPU does not pick,
@@ -190,15 +194,25 @@ def test_packed_fields_and_byte_values_unpack_lsb_first(numel: int, lanes: int, 
         assert torch.equal(packed_fields(data, bits), expected)
 
 
-def test_pack_bits_and_nibbles_invert_the_unpacking() -> None:
-    from adacc_compile.kernels.aten_graphs import pack_bits, pack_low_nibbles, packed_fields
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("shape", [(4, 64), (3, 5), (16,), (2, 3, 8)], ids=str)
+def test_pack_planes_is_plane_major_and_unpack_planes_inverts_it(shape, lanes: int, monkeypatch) -> None:
+    """Element e of the padded [8, M] view is bit e // M of byte e % M,
+    whether the planes are built through the last dim or flat."""
+    from adacc_compile.kernels import aten_graphs
+    from adacc_compile.kernels.aten_graphs import pack_planes, unpack_planes
 
-    gen = torch.Generator().manual_seed(0)
-    data = torch.randint(0, 256, (48,), generator=gen).to(torch.uint8)
-    assert torch.equal(pack_bits(packed_fields(data, 1).float()), data)
-    codes = torch.randint(-8, 8, (96,), generator=gen).to(torch.int8)
-    nibbles = packed_fields(pack_low_nibbles(codes), 4)
-    assert torch.equal(nibbles, (codes.int() & 15))
+    monkeypatch.setattr(aten_graphs, "vector_lanes", lambda device: lanes)
+    numel = math.prod(shape)
+    nbytes = (numel + 7) // 8
+    bits = (torch.rand(numel, generator=torch.Generator().manual_seed(numel)) > 0.5).float()
+    padded = torch.nn.functional.pad(bits, (0, 8 * nbytes - numel))
+    packed = pack_planes(padded)
+    expected = torch.zeros(nbytes, dtype=torch.int64)
+    for e in range(numel):
+        expected[e % nbytes] |= int(bits[e]) << (e // nbytes)
+    assert torch.equal(packed, expected.to(torch.uint8))
+    assert torch.equal(unpack_planes(packed, shape), bits.int().view(shape))
 
 
 def test_bfloat16_values_are_exact() -> None:

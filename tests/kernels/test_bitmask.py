@@ -48,10 +48,25 @@ def _mask(shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
 # ---------------------------------------------------------------- reference + ops
 
 
-def test_known_bytes_lsb_first() -> None:
+def test_known_bytes_plane_major() -> None:
+    """Nine elements pad to 16, viewed as 8 planes of 2: element 2j + i is
+    bit j of byte i."""
     x = torch.tensor([1, 0, 1, 1, 0, 0, 0, 0, 1], dtype=torch.bool)
     (packed,) = bitmask.torch_bitmask_compress(x)
-    assert packed.tolist() == [0b1101, 0b1]
+    assert packed.tolist() == [0b10011, 0b10]
+
+
+def test_each_element_lands_in_its_plane() -> None:
+    """A single True at element e sets bit e // M of byte e % M, for every e."""
+    numel = 21
+    nbytes = (numel + 7) // 8
+    for e in range(numel):
+        x = torch.zeros(numel, dtype=torch.bool)
+        x[e] = True
+        (packed,) = bitmask.torch_bitmask_compress(x)
+        expected = torch.zeros(nbytes, dtype=torch.uint8)
+        expected[e % nbytes] = 1 << (e // nbytes)
+        assert torch.equal(packed, expected), e
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)

@@ -105,6 +105,31 @@ def test_decompress_returns_the_derivative_with_limits(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", TABLES)
+def test_plane_steps_rebuild_every_code(name: str) -> None:
+    """The aten compress sums each bit of the code from `plane_steps`; on
+    both sides of every breakpoint and at ±Inf those bits give the code."""
+    table = TABLES[name]
+    edges = torch.tensor(table.breakpoints)
+    x = torch.cat([edges, torch.nextafter(edges, torch.tensor(-math.inf)), torch.tensor([-math.inf, math.inf])])
+    code = torch.zeros(x.shape, dtype=torch.int32)
+    for b, (first, changes) in enumerate(fewbit.plane_steps(table)):
+        bit = first + sum(change * (x >= edge).int() for change, edge in zip(changes, table.breakpoints))
+        code |= bit << b
+    assert torch.equal(code, fewbit._torch_codes(table, x).int())
+
+
+def test_known_bytes_plane_major() -> None:
+    """SiLU codes 7 (NaN), 6 (+Inf), 0 (-Inf), 3 (0.0); ten of them pad to
+    16 codes viewed as [8, 2]: bit b of code 2j + i is bit j of byte i of
+    plane b."""
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([nan, inf, -inf, 0.0, inf, nan, -inf, 0.0, inf, 0.0])
+    (planes,) = fewbit.torch_fewbit_silu_compress(x)
+    # byte 0 holds codes 7, 0, 6, 0, 6 (bits 0..4), byte 1 codes 6, 3, 7, 3, 3
+    assert planes.tolist() == [[0b00001, 0b11110], [0b10101, 0b11111], [0b10101, 0b00101]]
+
+
+@pytest.mark.parametrize("name", TABLES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_round_trip_shape_size_and_specials(name: str, dtype: torch.dtype) -> None:
     codec = get_codec(name)

@@ -158,8 +158,21 @@ def test_known_int4_codes_and_packing() -> None:
     codes, scale, index, values = int_outlier.torch_int4_outlier_compress(x)
     assert index.tolist() == [4] and values.tolist() == [[3.0]]
     assert scale.float().item() == 0.142578125
-    # nibbles (0, 7), (-7 -> 9, 4), (outlier -> 0, padding 0), then padding to 32 channels.
-    assert codes.tolist() == [[0x70, 0x49] + [0x00] * 14]
+    # codes 0, 7, -7 (nibble 9), 4, outlier 0, then padding to 32 channels:
+    # byte j holds channel j low and channel j + 16 (padding, 0) high.
+    assert codes.tolist() == [[0x00, 0x07, 0x09, 0x04] + [0x00] * 12]
+
+
+def test_int4_bytes_pair_channel_j_with_channel_j_plus_half() -> None:
+    # C = 40 pads to P = 64 (two groups): byte j holds channel j in its low
+    # nibble and channel j + 32 in its high one. Channel 39 (3.0) is the one
+    # outlier slot; each group's scale is 1 / 7 cut to bfloat16.
+    x = torch.zeros(1, 40)
+    x[0, 1], x[0, 33], x[0, 39] = 1.0, -1.0, 3.0
+    codes, _, index, _ = int_outlier.torch_int4_outlier_compress(x)
+    assert index.tolist() == [39]
+    # channel 1 -> 7 (low nibble of byte 1), channel 33 -> -7, nibble 9 (high nibble of byte 1)
+    assert codes.tolist() == [[0x00, 0x97] + [0x00] * 30]
 
 
 def test_outlier_channels_are_exact_and_chosen_deterministically() -> None:
