@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from .greedy import _make_available, _Stuck
-from .plan_problem import Candidate, Choice, Decision, PlanProblem, PlanSolution
+from .plan_problem import Candidate, Choice, Decision, PlanProblem, PlanSolution, block_copies
 
 
 def default_plan(problem: PlanProblem, saved: Iterable[str]) -> PlanSolution | None:
@@ -66,10 +66,4 @@ def counted_saved_bytes(problem: PlanProblem, sizes: dict[str, int]) -> int:
     its own tensor bytes; a view at its own size, not its base's), for the
     candidates of ``problem``, the repeated block's copies included (they
     save what the block saves)."""
-    repeat = problem.repeat
-    total = 0
-    for cand in problem.candidates:
-        if cand.name in sizes:
-            copies = repeat.copies if repeat is not None and cand.block == repeat.block else 0
-            total += sizes[cand.name] * (1 + copies)
-    return total
+    return sum(sizes[c.name] * (1 + block_copies(problem, c)) for c in problem.candidates if c.name in sizes)

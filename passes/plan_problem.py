@@ -276,17 +276,21 @@ def saved_bytes(problem: PlanProblem, solution: PlanSolution) -> int:
     return total
 
 
+def block_copies(problem: PlanProblem, cand: Candidate) -> int:
+    """How many more copies of ``cand`` the step holds: the repeated block's
+    copies for its values (depth folding), else 0."""
+    repeat = problem.repeat
+    return repeat.copies if repeat is not None and cand.block == repeat.block else 0
+
+
 def added_seconds(problem: PlanProblem, solution: PlanSolution) -> float:
     """Estimated time of the plan's choices (the MILP's objective): keeping
     (writes and reads), recomputation, codecs; the repeated block's copies
     included."""
-    total = 0.0
-    copies = problem.repeat.copies if problem.repeat is not None else 0
-    block = problem.repeat.block if problem.repeat is not None else None
-    for cand in problem.candidates:
-        seconds = choice_seconds(cand, solution.choices.get(cand.name))
-        total += seconds * (1 + copies) if cand.block == block else seconds
-    return total
+    return sum(
+        choice_seconds(cand, solution.choices.get(cand.name)) * (1 + block_copies(problem, cand))
+        for cand in problem.candidates
+    )
 
 
 def check_solution(problem: PlanProblem, solution: PlanSolution) -> list[str]:
