@@ -126,7 +126,7 @@ class AdaccConfig:
 
     accuracy: str = "lossless"
     """Which codecs the planner may use: "lossless" (recompute and lossless
-    codecs only: gradients equal eager's), "balanced" (+ int8_outlier),
+    codecs only: gradients equal eager's), "balanced" (+ int8_outlier, int8_channel),
     "aggressive" (+ fp8, int4, softmax_u8, few-bit activations); see
     `passes.codec_options`. Lossless by default: a compiler backend keeps
     numerics unless asked otherwise."""

@@ -82,7 +82,7 @@ import torch
 import torch.nn.functional as F
 
 from . import REGISTRY, aten_graphs
-from .aten_graphs import bfloat16_values, byte_values, packed_fields
+from .aten_graphs import bfloat16_values, byte_values, int8_values, packed_fields
 from .codec import ApplyQuery, CodecStats
 from .oplib import (
     OpCodec,
@@ -499,8 +499,7 @@ def _aten_decompress(
     if fmt.pack4:
         q = _aten_unpack_halves(packed, fmt.group)
     else:
-        byte = byte_values(packed)
-        q = torch.where(byte >= 128.0, byte - 256.0, byte)
+        q = int8_values(packed)
     q = q.reshape(rows, groups, fmt.group)
     s = bfloat16_values(scale).unsqueeze(-1)
     # The sign bit flags a group with NaN/Inf (-0.0 included); read through

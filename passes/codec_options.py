@@ -11,8 +11,8 @@ check (what it was built for) and the cap:
 mode          codecs allowed (declared error)     typical use
 ============  =================================  ===========================
 lossless      bitmask (0)                        dropout / ReLU masks
-balanced      + int8_outlier (0.015)             any float activation: linear
-                                                 inputs, matmul outputs
+balanced      + int8_outlier (0.015),            any float activation: linear
+              int8_channel (0.015)               inputs, matmul outputs
 aggressive    + fp8_e4m3 (0.03), fp8_e5m2        any float value in 8 bits,
               (0.06), int4_outlier (0.16),       linear inputs at 4 bits,
               softmax_u8 (0.12),                 attention probabilities,
@@ -26,7 +26,10 @@ drops those over their bound. Balanced stops at 0.02: in the accuracy study
 (bench/RESULTS.md, 3 seeds, 300 steps) plans using fp8_e4m3 (per-tensor
 scale, ~0.027 measured) moved the final loss by up to 0.56%; with
 int8_outlier (group scales plus outlier channels, ~0.006 measured) in their
-place the worst seed moved 0.48%, inside the 0.5% target. softmax_u8 is
+place the worst seed moved 0.48%, inside the 0.5% target. int8_channel (one
+scale per channel and block of 64 rows, ~0.006 measured) is the same
+precision in a layout Inductor runs 2-3x faster; the planner picks between
+the two by cost, value by value. softmax_u8 is
 offered for softmax outputs only, never log-softmax.
 
 Cost: compress + decompress seconds (`codec_seconds`). With a calibrated
