@@ -56,6 +56,7 @@ from .oplib import (
     register_dispatched_ops,
     require_triton,
     rne_cast,
+    rows_channels,
     tl,
     triton_jit,
 )
@@ -111,16 +112,10 @@ E5M2 = Fp8Format(
 )
 
 
-def rows_cols(shape: Sequence[Any]) -> tuple[Any, Any]:
-    """(rows, columns) of the row view: the last dim is a row; 0-d is one element."""
-    if len(shape) == 0:
-        return 1, 1
-    return numel_of(shape[:-1]), shape[-1]
-
 
 def fp8_payload_spec(shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
     """uint8 codes shaped like the input plus one float32 scale per row."""
-    rows, _ = rows_cols(shape)
+    rows, _ = rows_channels(shape)
     return [(tuple(shape), torch.uint8), ((rows,), torch.float32)]
 
 
@@ -144,7 +139,7 @@ def _scale_exponent(amax: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
 def torch_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
     """Reference compress: per-row pow2 scale, torch's own round-to-nearest fp8 cast."""
     check_input(x, codec=fmt.name, dtypes=_DTYPES)
-    rows, cols = rows_cols(x.shape)
+    rows, cols = rows_channels(x.shape)
     if x.numel() == 0:
         return [torch.empty(x.shape, dtype=torch.uint8, device=x.device),
                 torch.ones(rows, dtype=torch.float32, device=x.device)]
@@ -179,7 +174,7 @@ def torch_fp8_decompress(
     check_output_dtype(dtype, codec=fmt.name, dtypes=_DTYPES)
     check_payload(payload, fp8_payload_spec(shape, dtype), codec=fmt.name)
     codes, scales = payload
-    rows, cols = rows_cols(shape)
+    rows, cols = rows_channels(shape)
     if numel_of(shape) == 0:
         return torch.empty(shape, dtype=dtype, device=codes.device)
     c2 = codes.reshape(rows, cols)
@@ -256,7 +251,7 @@ def aten_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
     check_input(x, codec=fmt.name, dtypes=_DTYPES)
     if x.numel() == 0:
         return torch_fp8_compress(x, fmt)
-    rows, cols = rows_cols(x.shape)
+    rows, cols = rows_channels(x.shape)
     v = x.reshape(rows, cols).float()
     # |v| < inf is false exactly at NaN and ±Inf; the codes of those are one
     # select at the end (three comparisons with their own selects before).
@@ -288,7 +283,7 @@ def aten_fp8_decompress(
     if numel_of(shape) == 0:
         return torch_fp8_decompress(payload, shape, dtype, fmt)
     codes, scales = payload
-    rows, cols = rows_cols(shape)
+    rows, cols = rows_channels(shape)
     if native_fp8_casts(codes.device):
         # NaN codes and e5m2's ±Inf codes decode as such; e4m3fn's reserved
         # ±Inf codes decode as ±448, which no finite code reaches (a row is
@@ -441,7 +436,7 @@ def triton_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
     """Triton twin of `torch_fp8_compress` (same bytes and scales)."""
     check_input(x, codec=fmt.name, dtypes=_DTYPES)
     require_triton(x, _fp8_compress_kernel)
-    rows, cols = rows_cols(x.shape)
+    rows, cols = rows_channels(x.shape)
     x = x.contiguous()
     codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
     scales = torch.ones(rows, dtype=torch.float32, device=x.device)
@@ -464,7 +459,7 @@ def triton_fp8_decompress(
     check_payload(payload, fp8_payload_spec(shape, dtype), codec=fmt.name)
     codes, scales = (t.contiguous() for t in payload)
     require_triton(codes, _fp8_decompress_kernel)
-    rows, cols = rows_cols(shape)
+    rows, cols = rows_channels(shape)
     out = torch.empty(shape, dtype=dtype, device=codes.device)
     if out.numel() == 0:
         return out
@@ -507,7 +502,7 @@ class Fp8Codec(OpCodec):
         float32. The kernels need nothing."""
         if triton:
             return Workspace()
-        rows, _ = rows_cols(shape)
+        rows, _ = rows_channels(shape)
         return Workspace(
             compress=float32_scratch(shape) + 32 * int(rows) + _SMALL,
             decompress=float32_result_scratch(shape, dtype) + _SMALL,

@@ -70,6 +70,7 @@ from .oplib import (
     register_dispatched_ops,
     require_triton,
     rne_cast,
+    rows_channels,
     tl,
     triton_jit,
 )
@@ -90,12 +91,6 @@ _BLOCK_CHANNELS = 64
 _SUB_ROWS = 8
 _SMALL = 256
 
-
-def rows_channels(shape: Sequence[Any]) -> tuple[Any, Any]:
-    """(R, C) of the rows x channels view; a 0-d tensor is one row of one channel."""
-    if len(shape) == 0:
-        return 1, 1
-    return numel_of(shape[:-1]), shape[-1]
 
 
 def int8_channel_payload_spec(shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:

@@ -98,6 +98,7 @@ from .oplib import (
     register_dispatched_ops,
     require_triton,
     rne_cast,
+    rows_channels,
     tl,
     triton_jit,
 )
@@ -137,12 +138,6 @@ class IntFormat:
 INT8 = IntFormat(name="int8_outlier", qmax=127, group=64, pack4=False)
 INT4 = IntFormat(name="int4_outlier", qmax=7, group=32, pack4=True)
 
-
-def rows_channels(shape: Sequence[Any]) -> tuple[Any, Any]:
-    """(R, C) of the rows x channels view; a 0-d tensor is one row of one channel."""
-    if len(shape) == 0:
-        return 1, 1
-    return numel_of(shape[:-1]), shape[-1]
 
 
 def outlier_slots(channels: Any) -> Any:

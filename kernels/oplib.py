@@ -72,6 +72,7 @@ __all__ = [
     "register_dispatched_ops",
     "require_triton",
     "rne_cast",
+    "rows_channels",
     "runs_triton",
     "spec_nbytes",
     "tl",
@@ -354,6 +355,14 @@ def numel_of(shape: Sequence[Any]) -> Any:
     for s in shape:
         n = n * s
     return n
+
+
+def rows_channels(shape: Sequence[Any]) -> tuple[Any, Any]:
+    """(R, C) of the rows x channels view the row-wise codecs work on: the
+    last dim is a row; a 0-d tensor is one row of one channel (SymInts too)."""
+    if len(shape) == 0:
+        return 1, 1
+    return numel_of(shape[:-1]), shape[-1]
 
 
 def float32_scratch(shape: Sequence[int]) -> int:
