@@ -87,7 +87,7 @@ MIN_SCALE = 2.0**-126
 #: Producer op classes whose outputs it is offered for (annotate pass names).
 _PRODUCERS = frozenset({"norm", "attention", "activation", "elementwise", "matmul", "dropout", "view"})
 _BLOCK_CHANNELS = 64
-#: Rows per sub-block of the aten form's two-stage maxima (see `_aten_block_absmax`).
+#: Rows per sub-block of the aten form's two-stage maxima (see `aten_block_max`).
 _SUB_ROWS = 8
 _SMALL = 256
 
@@ -100,9 +100,9 @@ def int8_channel_payload_spec(shape: Sequence[Any], dtype: torch.dtype) -> Paylo
     return [((rows, channels), torch.int8), ((blocks, channels), _SCALE_DTYPE)]
 
 
-def scales_of(block_absmax: torch.Tensor) -> torch.Tensor:
+def scales_of(peak: torch.Tensor) -> torch.Tensor:
     """Scales from the blocks' largest finite |x| (float32 [N, C])."""
-    return torch.clamp_min(block_absmax / float(QMAX), MIN_SCALE)
+    return torch.clamp_min(peak / float(QMAX), MIN_SCALE)
 
 
 # --------------------------------------------------------------------------
@@ -110,25 +110,25 @@ def scales_of(block_absmax: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------
 
 
-def _parts(t2d: torch.Tensor) -> list[tuple[torch.Tensor, slice]]:
+def row_blocks(t2d: torch.Tensor, block: int = BLOCK_ROWS) -> list[tuple[torch.Tensor, slice]]:
     """A [R, C] tensor as its whole blocks ``[R // B, B, C]`` and its last
     partial block ``[1, R % B, C]`` (views), each with its rows of the
     [N, C] scales: the reference works block by block, without padding."""
     rows, channels = t2d.shape
-    whole = rows // BLOCK_ROWS
+    whole = rows // block
     parts = []
     if whole:
-        parts.append((t2d[: whole * BLOCK_ROWS].view(whole, BLOCK_ROWS, channels), slice(0, whole)))
-    if rows % BLOCK_ROWS:
-        parts.append((t2d[whole * BLOCK_ROWS :].unsqueeze(0), slice(whole, whole + 1)))
+        parts.append((t2d[: whole * block].view(whole, block, channels), slice(0, whole)))
+    if rows % block:
+        parts.append((t2d[whole * block :].unsqueeze(0), slice(whole, whole + 1)))
     return parts
 
 
-def _block_absmax(t2d: torch.Tensor) -> torch.Tensor:
+def block_absmax(t2d: torch.Tensor, block: int = BLOCK_ROWS) -> torch.Tensor:
     """Largest |x| per block and channel, float32 [N, C] (NaN where a block
     holds a NaN), with no temporary of the input's size."""
     maxima = [torch.zeros(0, t2d.shape[1], dtype=torch.float32, device=t2d.device)]
-    for view, _ in _parts(t2d):
+    for view, _ in row_blocks(t2d, block):
         low, high = torch.aminmax(view, dim=1)
         maxima.append(torch.maximum(high, low.neg_()).abs_())
     return torch.cat(maxima)
@@ -147,15 +147,15 @@ def torch_int8_channel_compress(x: torch.Tensor) -> list[torch.Tensor]:
     x2d = x.reshape(rows, channels)
     xf = torch.empty(rows, channels, dtype=torch.float32, device=x.device)
     xf.copy_(x2d)
-    peak = _block_absmax(xf)
+    peak = block_absmax(xf)
     finite = known_true(torch.isfinite(peak).all(), x)
     if not finite:
         # isfinite / isinf would allocate |x| in float32; these three do not.
         nonfinite = torch.isnan(xf).logical_or_(torch.isposinf(xf)).logical_or_(torch.isneginf(xf))
-        peak = _block_absmax(xf.masked_fill_(nonfinite, 0.0))
+        peak = block_absmax(xf.masked_fill_(nonfinite, 0.0))
         del nonfinite
     scale = scales_of(peak)
-    for view, blocks in _parts(xf):
+    for view, blocks in row_blocks(xf):
         view.div_(scale[blocks].unsqueeze(1)).clamp_(-QMAX, QMAX).round_()
     codes = xf.to(torch.int8)  # |code| <= QMAX: exact
     del xf
@@ -176,7 +176,7 @@ def torch_int8_channel_decompress(
     rows, channels = rows_channels(shape)
     v = torch.empty(rows, channels, dtype=torch.float32, device=codes.device)
     v.copy_(codes)
-    for view, blocks in _parts(v):
+    for view, blocks in row_blocks(v):
         view.mul_(scale[blocks].unsqueeze(1))
     if rows and channels and not known_true((codes.view(-1).amin() > -QMAX - 1) & (codes.view(-1).amax() <= QMAX), codes):
         v.masked_fill_(codes == QMAX + 1, torch.inf)
@@ -191,24 +191,24 @@ def torch_int8_channel_decompress(
 # --------------------------------------------------------------------------
 
 
-def _blocked(x2d: torch.Tensor) -> torch.Tensor:
+def blocked(x2d: torch.Tensor, block: int = BLOCK_ROWS) -> torch.Tensor:
     """[R, C] -> [N, B, C], zero rows appended to whole blocks (Inductor
     folds the padding into the kernels' indexing)."""
     rows, channels = x2d.shape
-    blocks = (rows + BLOCK_ROWS - 1) // BLOCK_ROWS
-    if blocks * BLOCK_ROWS != rows:
-        x2d = F.pad(x2d, (0, 0, 0, blocks * BLOCK_ROWS - rows))
-    return x2d.reshape(blocks, BLOCK_ROWS, channels)
+    blocks = (rows + block - 1) // block
+    if blocks * block != rows:
+        x2d = F.pad(x2d, (0, 0, 0, blocks * block - rows))
+    return x2d.reshape(blocks, block, channels)
 
 
-def _aten_block_absmax(clean: torch.Tensor) -> torch.Tensor:
-    """Largest value per block and channel of a [N, B, C] tensor (>= 0, no
-    NaN), in two stages: Inductor's CPU code for a reduction over rows walks
-    one column strip through all of them, a cache line per row; over
-    sub-blocks of 8 rows, then over the sub-blocks, it runs at half the time
-    (measured: 1.2x a copy of the value instead of 2.3x)."""
-    blocks, rows, channels = clean.shape
-    return clean.view(blocks, rows // _SUB_ROWS, _SUB_ROWS, channels).amax(dim=2).amax(dim=1)
+def aten_block_max(values: torch.Tensor) -> torch.Tensor:
+    """Largest value per block and channel of a [N, B, C] tensor (no NaN),
+    in two stages: Inductor's CPU code for a reduction over rows walks one
+    column strip through all of them, a cache line per row; over sub-blocks
+    of 8 rows, then over the sub-blocks, it runs at half the time (measured:
+    1.2x a copy of the value instead of 2.3x)."""
+    blocks, rows, channels = values.shape
+    return values.view(blocks, rows // _SUB_ROWS, _SUB_ROWS, channels).amax(dim=2).amax(dim=1)
 
 
 def _aten_compress(x: torch.Tensor) -> list[torch.Tensor]:
@@ -219,9 +219,9 @@ def _aten_compress(x: torch.Tensor) -> list[torch.Tensor]:
     rows, channels = rows_channels(x.shape)
     if rows == 0 or channels == 0:
         return torch_int8_channel_compress(x)
-    xf = _blocked(x.reshape(rows, channels).float())
+    xf = blocked(x.reshape(rows, channels).float())
     a = xf.abs()
-    scale = scales_of(_aten_block_absmax(torch.where(a < float("inf"), a, 0.0)))
+    scale = scales_of(aten_block_max(torch.where(a < float("inf"), a, 0.0)))
     # ±Inf divide to ±Inf and clamp to the ±Inf codes; NaN stays NaN.
     q = (xf / scale.unsqueeze(1)).clamp(-QMAX - 1.0, QMAX + 1.0).round()
     codes = torch.where(q != q, -QMAX - 2.0, q).to(torch.int8)
@@ -237,7 +237,7 @@ def _aten_decompress(payload: Sequence[torch.Tensor], shape: Sequence[int], dtyp
     if rows == 0 or channels == 0:
         return torch_int8_channel_decompress(payload, shape, dtype)
     codes, scale = payload
-    q = _blocked(int8_values(codes))
+    q = blocked(int8_values(codes))
     v = q * torch.where(q.abs() > QMAX + 0.5, float("inf"), scale.unsqueeze(1))
     v = torch.where(q < -QMAX - 1.5, float("nan"), v)
     return v.view(-1, channels)[:rows].to(dtype).reshape(shape)

@@ -15,6 +15,7 @@ balanced      + int8_outlier (0.015),            any float activation: linear
               int8_channel (0.015)               inputs, matmul outputs
 aggressive    + fp8_e4m3 (0.03), fp8_e5m2        any float value in 8 bits,
               (0.06), int4_outlier (0.16),       linear inputs at 4 bits,
+              int4_channel (0.16),
               softmax_u8 (0.12),                 attention probabilities,
               fewbit_gelu/silu (0.12/0.10)       GELU/SiLU inputs
 ============  =================================  ===========================

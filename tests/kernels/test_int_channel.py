@@ -1,4 +1,5 @@
-"""Tests for kernels/int_channel.py: int8 codes, one scale per channel and block of rows.
+"""Tests for kernels/int_channel.py and kernels/int4_channel.py: int8 / int4
+codes, one scale per channel and block of rows.
 
 Tier 1 (everywhere): reference and ops -- exact sizes, NaN/Inf at any
 position and in any number, known codes, the worst-case error bound, error
@@ -16,16 +17,26 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from adacc_compile.kernels import ApplyQuery, get_codec, int_channel
+from adacc_compile.kernels import ApplyQuery, get_codec, int4_channel, int_channel
 from adacc_compile.kernels.oplib import error_stats, is_interpreted
 
 from .test_int_outlier import _same, _same_payload, llm_like, realistic_activations
 
 NAME = "int8_channel"
+NAMES = ["int8_channel", "int4_channel"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SHAPES = [(0,), (), (1,), (7,), (3, 33), (4, 1000), (2, 3, 65), (3, 0), (0, 7), (130, 9), (64, 64), (65, 3)]
-#: The guaranteed worst case (module docstring): half a step of m / 126 in a block of 64 rows.
-WORST = 64**0.5 / (2 * int_channel.QMAX)
+#: The guaranteed worst cases (module docstrings): half a step of m / 126 in
+#: a block of 64 rows; of m / 6 (a flagged block) in a block of 32.
+WORST = {"int8_channel": 64**0.5 / (2 * int_channel.QMAX), "int4_channel": 32**0.5 / (2 * (int4_channel.QMAX - 1))}
+REFERENCE = {
+    "int8_channel": (int_channel.torch_int8_channel_compress, int_channel.torch_int8_channel_decompress),
+    "int4_channel": (int4_channel.torch_int4_channel_compress, int4_channel.torch_int4_channel_decompress),
+}
+TRITON = {
+    "int8_channel": (int_channel.triton_int8_channel_compress, int_channel.triton_int8_channel_decompress),
+    "int4_channel": (int4_channel.triton_int4_channel_compress, int4_channel.triton_int4_channel_decompress),
+}
 interpreted = pytest.mark.skipif(
     not is_interpreted(int_channel._compress_kernel),
     reason="needs TRITON_INTERPRET=1 at import; run by test_oplib.py::test_codec_kernels_in_interpreter",
@@ -49,9 +60,10 @@ def _data(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0, specials: b
 # ---------------------------------------------------------------- reference + ops
 
 
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_round_trip_shape_size_and_specials(dtype: torch.dtype) -> None:
-    codec = get_codec(NAME)
+def test_round_trip_shape_size_and_specials(name: str, dtype: torch.dtype) -> None:
+    codec = get_codec(name)
     for shape in SHAPES:
         x = _data(shape, dtype)
         packed = codec.compress(x)
@@ -64,7 +76,7 @@ def test_round_trip_shape_size_and_specials(dtype: torch.dtype) -> None:
         assert torch.isfinite(out[finite]).all(), shape
         if x.numel() > 6:
             assert out.view(-1)[5] == 0 and not torch.isnan(out.view(-1)[5])
-            assert error_stats(x, out)[0] <= WORST, shape
+            assert error_stats(x, out)[0] <= WORST[name], shape
 
 
 def test_compressed_nbytes_is_exact_and_static() -> None:
@@ -77,6 +89,21 @@ def test_compressed_nbytes_is_exact_and_static() -> None:
     payload = codec.compress(torch.ones(3, 5, 130)).payload
     assert [tuple(p.shape) for p in payload] == [(15, 130), (1, 130)]
     assert [p.dtype for p in payload] == [torch.int8, torch.float32]
+    int4 = get_codec("int4_channel")
+    # 130 rows: 5 blocks of 32, each 16 bytes of two codes per channel.
+    assert int4.compressed_nbytes((130, 1000), torch.bfloat16) == 5 * 16 * 1000 + 5 * 1000 * 4
+    assert int4.compressed_nbytes((), torch.float16) == 16 + 4
+    assert [tuple(p.shape) for p in int4.compress(torch.ones(3, 5, 130)).payload] == [(16, 130), (1, 130)]
+
+
+def test_int4_bytes_pair_row_i_with_row_i_plus_half_a_block() -> None:
+    # Channel 0 of 40 rows: row 1 holds 7.0 (code 7), row 17 -7.0 (code -7,
+    # nibble 9), row 33 (second block) 1.0 (its block's code 7).
+    x = torch.zeros(40, 1)
+    x[1, 0], x[17, 0], x[33, 0] = 7.0, -7.0, 1.0
+    codes, scale = int4_channel.torch_int4_channel_compress(x)
+    assert scale.flatten().tolist() == [1.0, pytest.approx(1 / 7)]
+    assert codes.flatten().tolist() == [0x00, 0x97] + [0x00] * 15 + [0x07] + [0x00] * 14
 
 
 def test_known_codes_and_reserved_values() -> None:
@@ -105,8 +132,9 @@ def test_blocks_are_64_rows_and_all_zero_blocks_survive() -> None:
     assert torch.equal(out, x)
 
 
-def test_any_number_of_non_finite_values_survives() -> None:
-    codec = get_codec(NAME)
+@pytest.mark.parametrize("name", NAMES)
+def test_any_number_of_non_finite_values_survives(name: str) -> None:
+    codec = get_codec(name)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(150, 70, generator=g)
     pick = torch.rand(150, 70, generator=g)
@@ -122,22 +150,24 @@ def test_any_number_of_non_finite_values_survives() -> None:
     assert torch.isfinite(out[finite]).all()
     # Finite neighbours of non-finite values keep the full accuracy.
     clean = torch.where(finite, x, 0.0)
-    assert torch.where(finite, out - x, 0.0).norm() <= clean.norm() * WORST
+    assert torch.where(finite, out - x, 0.0).norm() <= clean.norm() * WORST[name]
 
 
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_error_within_declared_bound_on_realistic_activations(dtype: torch.dtype) -> None:
-    codec = get_codec(NAME)
+def test_error_within_declared_bound_on_realistic_activations(name: str, dtype: torch.dtype) -> None:
+    codec = get_codec(name)
     for label, x in realistic_activations(rows=256):
         x = x.to(dtype)
         rel, _ = error_stats(x, codec.decompress(codec.compress(x)))
         assert rel <= codec.error_bound, (label, rel)
 
 
-def test_outlier_channels_cost_their_neighbours_nothing() -> None:
+@pytest.mark.parametrize("name", NAMES)
+def test_outlier_channels_cost_their_neighbours_nothing(name: str) -> None:
     """Strong channels get their own scales: the other channels' error is
-    what it would be without them (int8_outlier needs exact slots for that)."""
-    codec = get_codec(NAME)
+    what it would be without them (the outlier codecs need exact slots for that)."""
+    codec = get_codec(name)
     heavy = llm_like(256, 512, outliers=8)
     planted = torch.arange(8) * 64 + 5
     others = torch.ones(512, dtype=torch.bool)
@@ -146,11 +176,12 @@ def test_outlier_channels_cost_their_neighbours_nothing() -> None:
     alone = codec.decompress(codec.compress(heavy[:, others].contiguous()))
     assert torch.equal(out[:, others], alone)
     rel, _ = error_stats(heavy, out)
-    assert rel <= get_codec("int8_outlier").error_bound
+    assert rel <= codec.error_bound
 
 
-def test_non_contiguous_and_deterministic() -> None:
-    codec = get_codec(NAME)
+@pytest.mark.parametrize("name", NAMES)
+def test_non_contiguous_and_deterministic(name: str) -> None:
+    codec = get_codec(name)
     for x in (_data((70, 10), torch.float32).t(), _data((130, 200), torch.float16)[:, ::2]):
         a, b = codec.compress(x), codec.compress(x.contiguous())
         assert _same_payload(a.payload, b.payload)
@@ -174,15 +205,19 @@ def test_applies_to_float_activations_where_it_saves_bytes() -> None:
     for shape in ((), (1, 4096), (0, 64)):
         assert not codec.applies(query(shape=shape, dtype=torch.float16)), shape
     assert codec.applies(query(shape=(8, 4096), dtype=torch.float32))
+    # int4, like int4_outlier, only for what a matmul reads in backward.
+    int4 = get_codec("int4_channel")
+    assert int4.applies(query()) and not int4.applies(query(consumers=("activation",)))
 
 
-def test_wrong_dtype_device_and_payload_raise() -> None:
-    codec = get_codec(NAME)
+@pytest.mark.parametrize("name", NAMES)
+def test_wrong_dtype_device_and_payload_raise(name: str) -> None:
+    codec = get_codec(name)
     for bad in (torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.int32)):
         with pytest.raises(TypeError, match="dtype"):
             codec.compress(bad)
     with pytest.raises(ValueError, match="device"):
-        int_channel.torch_int8_channel_compress(torch.zeros(4, device="meta"))
+        REFERENCE[name][0](torch.zeros(4, device="meta"))
     payload = list(codec.compress(torch.ones(2, 64)).payload)
     with pytest.raises(ValueError, match="elements"):
         codec.decompress_op(payload, [4, 32], torch.float32)  # same numel, other layout
@@ -202,9 +237,11 @@ def test_fake_tensor_shapes_match_spec() -> None:
         assert out.shape == (3, 50, 130) and out.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("backend,dynamic", [("aot_eager", True), ("inductor", False)])
-def test_ops_compile_without_graph_breaks(backend: str, dynamic: bool) -> None:
-    codec = get_codec(NAME)
+@pytest.mark.parametrize(
+    "name,backend,dynamic", [("int8_channel", "aot_eager", True), ("int8_channel", "inductor", False), ("int4_channel", "inductor", False)]
+)
+def test_ops_compile_without_graph_breaks(name: str, backend: str, dynamic: bool) -> None:
+    codec = get_codec(name)
 
     def round_trip(a: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         payload = codec.compress_op(a)
@@ -231,36 +268,41 @@ INTERPRETER_CASES = [
 
 
 @interpreted
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype,shapes", INTERPRETER_CASES, ids=[str(d) for d, _ in INTERPRETER_CASES])
-def test_interpreted_triton_matches_reference(dtype: torch.dtype, shapes: list[tuple[int, ...]]) -> None:
+def test_interpreted_triton_matches_reference(name: str, dtype: torch.dtype, shapes: list[tuple[int, ...]]) -> None:
+    (torch_compress, torch_decompress), (triton_compress, triton_decompress) = REFERENCE[name], TRITON[name]
     for shape in shapes:
         x = _data(shape, dtype, seed=len(shape))
-        ref = int_channel.torch_int8_channel_compress(x)
-        assert _same_payload(int_channel.triton_int8_channel_compress(x), ref), shape
-        out = int_channel.triton_int8_channel_decompress(ref, shape, dtype)
-        assert _same(out, int_channel.torch_int8_channel_decompress(ref, shape, dtype)), shape
+        ref = torch_compress(x)
+        assert _same_payload(triton_compress(x), ref), shape
+        out = triton_decompress(ref, shape, dtype)
+        assert _same(out, torch_decompress(ref, shape, dtype)), shape
 
 
 @interpreted
-def test_interpreted_non_finite_blocks_ties_and_tiny_values() -> None:
+@pytest.mark.parametrize("name", NAMES)
+def test_interpreted_non_finite_blocks_ties_and_tiny_values(name: str) -> None:
+    (torch_compress, torch_decompress), (triton_compress, triton_decompress) = REFERENCE[name], TRITON[name]
     x = torch.zeros(70, 3)
     x[:, 0] = (torch.arange(70, dtype=torch.float32) - 35) / 2  # halves: ties
     x[3, 0] = float("nan")
     x[:64, 1] = float("-inf")  # a block with nothing finite
     x[:, 2] = torch.randn(70) * 1e-38  # subnormal scales: the floor
     x[66, 2] = float("inf")
-    ref = int_channel.torch_int8_channel_compress(x)
-    assert _same_payload(int_channel.triton_int8_channel_compress(x), ref)
-    got = int_channel.triton_int8_channel_decompress(ref, x.shape, x.dtype)
-    assert _same(got, int_channel.torch_int8_channel_decompress(ref, x.shape, x.dtype))
+    ref = torch_compress(x)
+    assert _same_payload(triton_compress(x), ref)
+    assert _same(triton_decompress(ref, x.shape, x.dtype), torch_decompress(ref, x.shape, x.dtype))
 
 
 @interpreted
-def test_interpreted_non_contiguous_and_op_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    codec = get_codec(NAME)
+@pytest.mark.parametrize("name", NAMES)
+def test_interpreted_non_contiguous_and_op_path(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    codec = get_codec(name)
+    torch_compress, torch_decompress = REFERENCE[name]
     x = _data((70, 9), torch.bfloat16, seed=3).t()
-    ref = int_channel.torch_int8_channel_compress(x)
+    ref = torch_compress(x)
     monkeypatch.setenv("ADACC_KERNELS", "triton")
     packed = codec.compress(x)
     assert _same_payload(packed.payload, ref)
-    assert _same(codec.decompress(packed), int_channel.torch_int8_channel_decompress(ref, x.shape, x.dtype))
+    assert _same(codec.decompress(packed), torch_decompress(ref, x.shape, x.dtype))
