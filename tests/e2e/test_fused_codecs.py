@@ -85,19 +85,20 @@ def test_generated_code_has_no_extern_codec_call(name):
     assert_same(expected, actual, rel=GRADIENT_ERROR_MULTIPLE * _lossy_bound(used) + INDUCTOR_REL)
 
 
-def test_int8_channel_plan_is_fused_and_within_its_bound():
-    """A plan restricted to int8_channel compresses with it, and its codec
-    reaches the generated code as Inductor kernels, not as adacc ops."""
+@pytest.mark.parametrize("codec,accuracy", [("int8_channel", "balanced"), ("int4_channel", "aggressive")])
+def test_channel_codec_plan_is_fused_and_within_its_bound(codec, accuracy):
+    """A plan restricted to one per-channel codec compresses with it, and the
+    codec reaches the generated code as Inductor kernels, not as adacc ops."""
     model, batch = _model("mlp")
     expected = loss_and_grads(model, model, *batch)
     options = {
-        "memory_budget": 0.3, "accuracy": "balanced", "codecs": ("int8_channel",),
+        "memory_budget": 0.3, "accuracy": accuracy, "codecs": (codec,),
         "allow_recompute": False, "device_profile": "h100",
     }  # fmt: skip
     actual, codes, partitioner = _compile_and_capture(model, batch, options)
-    assert _codecs_used(partitioner) == {"int8_channel"}
+    assert _codecs_used(partitioner) == {codec}
     assert not any(CODEC_OP_CALL.search(code) for code in codes)
-    assert_same(expected, actual, rel=GRADIENT_ERROR_MULTIPLE * get_codec("int8_channel").error_bound + INDUCTOR_REL)
+    assert_same(expected, actual, rel=GRADIENT_ERROR_MULTIPLE * get_codec(codec).error_bound + INDUCTOR_REL)
 
 
 @pytest.mark.slow  # the check's negative control; the positive check runs by default
