@@ -46,21 +46,23 @@ import torch
 
 from . import REGISTRY
 from .aten_graphs import packed_fields
-from .codec import ApplyQuery
-from .int_channel import MIN_SCALE, aten_block_max, block_absmax, blocked, row_blocks
+from .int_channel import (
+    MIN_SCALE,
+    ChannelCodec,
+    aten_block_max,
+    block_absmax,
+    blocked,
+    check_channel_payload,
+    row_blocks,
+    triton_channel_compress,
+    triton_channel_decompress,
+)
 from .oplib import (
-    OpCodec,
     PayloadSpec,
     Workspace,
     check_input,
-    check_output_dtype,
-    check_payload,
-    check_shape,
     known_true,
-    launch,
-    numel_of,
     register_dispatched_ops,
-    require_triton,
     rne_cast,
     rows_channels,
     tl,
@@ -74,8 +76,6 @@ BLOCK_ROWS = 32
 HALF = BLOCK_ROWS // 2
 #: Largest code; flagged blocks keep it (and -QMAX) for ±Inf, and -QMAX - 1 is NaN.
 QMAX = 7
-_PRODUCERS = frozenset({"norm", "attention", "activation", "elementwise", "matmul", "dropout", "view"})
-_BLOCK_CHANNELS = 64
 _SMALL = 256
 
 
@@ -279,36 +279,20 @@ def _decompress_kernel(
 
 def triton_int4_channel_compress(x: torch.Tensor) -> list[torch.Tensor]:
     """Triton twin of `torch_int4_channel_compress` (same bits)."""
-    check_input(x, codec=NAME, dtypes=_DTYPES)
-    require_triton(x, _compress_kernel)
-    rows, channels = rows_channels(x.shape)
-    x2d = x.reshape(rows, channels)
-    codes, scale = (torch.empty(s, dtype=d, device=x.device) for s, d in int4_channel_payload_spec(x.shape, x.dtype))
-    if rows and channels:
-        grid = (scale.shape[0], (channels + _BLOCK_CHANNELS - 1) // _BLOCK_CHANNELS)
-        launch(
-            _compress_kernel, grid, x2d, codes, scale, rows, channels, x2d.stride(0), x2d.stride(1),
-            QMAX_=QMAX, MIN_SCALE_=MIN_SCALE, HALF_=HALF, BLOCK_C=_BLOCK_CHANNELS,
-        )  # fmt: skip
-    return [codes, scale]
+    return triton_channel_compress(
+        x, codec=NAME, spec=int4_channel_payload_spec, kernel=_compress_kernel,
+        QMAX_=QMAX, MIN_SCALE_=MIN_SCALE, HALF_=HALF,
+    )  # fmt: skip
 
 
 def triton_int4_channel_decompress(
     payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
 ) -> torch.Tensor:
     """Triton twin of `torch_int4_channel_decompress` (same bits)."""
-    shape = _check_decompress(payload, shape, dtype)
-    codes, scale = (t.contiguous() for t in payload)
-    require_triton(codes, _decompress_kernel)
-    rows, channels = rows_channels(shape)
-    out = torch.empty(rows, channels, dtype=dtype, device=codes.device)
-    if rows and channels:
-        grid = (scale.shape[0], (channels + _BLOCK_CHANNELS - 1) // _BLOCK_CHANNELS)
-        launch(
-            _decompress_kernel, grid, codes, scale, out, rows, channels,
-            QMAX_=QMAX, HALF_=HALF, BLOCK_C=_BLOCK_CHANNELS,
-        )  # fmt: skip
-    return out.reshape(shape)
+    return triton_channel_decompress(
+        payload, shape, dtype, codec=NAME, spec=int4_channel_payload_spec, kernel=_decompress_kernel,
+        QMAX_=QMAX, HALF_=HALF,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------
@@ -317,10 +301,7 @@ def triton_int4_channel_decompress(
 
 
 def _check_decompress(payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype) -> tuple[Any, ...]:
-    shape = check_shape(shape, codec=NAME)
-    check_output_dtype(dtype, codec=NAME, dtypes=_DTYPES)
-    check_payload(payload, int4_channel_payload_spec(shape, dtype), codec=NAME)
-    return shape
+    return check_channel_payload(payload, shape, dtype, codec=NAME, spec=int4_channel_payload_spec)
 
 
 int4_channel_compress_op, int4_channel_decompress_op = register_dispatched_ops(
@@ -332,36 +313,14 @@ int4_channel_compress_op, int4_channel_decompress_op = register_dispatched_ops(
 )
 
 
-class Int4ChannelCodec(OpCodec):
-    """int4 with one scale per channel and block of 32 rows (see module docstring)."""
+class Int4ChannelCodec(ChannelCodec):
+    """int4 with one scale per channel and block of 32 rows (see module
+    docstring); like int4_outlier, offered for the inputs of linear layers only."""
 
-    name = NAME
-    error_bound = 0.16
-
-    def payload_spec(self, shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
-        return int4_channel_payload_spec(shape, dtype)
-
-    def aten_compress(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return _aten_compress(x)
-
-    def aten_decompress(
-        self, payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
-    ) -> torch.Tensor:
-        return _aten_decompress(payload, shape, dtype)
-
-    def applies(self, query: ApplyQuery) -> bool:
-        """Float values of the producer classes in `_PRODUCERS` that a matmul
-        reads in backward (inputs of linear layers, as for int4_outlier),
-        where the payload is smaller than the tensor."""
-        if not (
-            query.dtype in _DTYPES
-            and len(query.shape) >= 1
-            and query.producer_class in _PRODUCERS
-            and "matmul" in query.consumer_classes
-        ):
-            return False
-        original = numel_of([int(s) for s in query.shape]) * query.dtype.itemsize
-        return self.compressed_nbytes(query.shape, query.dtype) < original
+    def __init__(self) -> None:
+        super().__init__(
+            NAME, 0.16, int4_channel_payload_spec, (_aten_compress, _aten_decompress), linear_inputs_only=True
+        )
 
     def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:
         """Scratch bytes. The Triton kernels need none. The torch reference,

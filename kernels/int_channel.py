@@ -48,7 +48,7 @@ compress in registers (maxima and codes), one more the decompress.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +75,8 @@ from .oplib import (
     triton_jit,
 )
 
+#: A payload spec: (shape, dtype) -> [(shape, dtype) of codes, of scales].
+SpecFn = Callable[[Sequence[Any], torch.dtype], PayloadSpec]
 NAME = "int8_channel"
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SCALE_DTYPE = torch.float32
@@ -292,38 +294,55 @@ def _decompress_kernel(
     tl.store(out_ptr + offsets, rne_cast(v, out_ptr.dtype.element_ty), mask=valid)
 
 
-def triton_int8_channel_compress(x: torch.Tensor) -> list[torch.Tensor]:
-    """Triton twin of `torch_int8_channel_compress` (same bits)."""
-    check_input(x, codec=NAME, dtypes=_DTYPES)
-    require_triton(x, _compress_kernel)
+def triton_channel_compress(x: torch.Tensor, *, codec: str, spec: SpecFn, kernel: Any, **constexprs: Any) -> list[torch.Tensor]:
+    """Runs a per-channel codec's compress kernel: one program per block of
+    rows and `_BLOCK_CHANNELS` channels, writing [codes, scales] of ``spec``."""
+    check_input(x, codec=codec, dtypes=_DTYPES)
+    require_triton(x, kernel)
     rows, channels = rows_channels(x.shape)
     x2d = x.reshape(rows, channels)
-    codes, scale = (torch.empty(s, dtype=d, device=x.device) for s, d in int8_channel_payload_spec(x.shape, x.dtype))
+    codes, scale = (torch.empty(s, dtype=d, device=x.device) for s, d in spec(x.shape, x.dtype))
     if rows and channels:
         grid = (scale.shape[0], (channels + _BLOCK_CHANNELS - 1) // _BLOCK_CHANNELS)
         launch(
-            _compress_kernel, grid, x2d, codes, scale, rows, channels, x2d.stride(0), x2d.stride(1),
-            QMAX_=QMAX, MIN_SCALE_=MIN_SCALE, BLOCK_R=BLOCK_ROWS, BLOCK_C=_BLOCK_CHANNELS,
+            kernel, grid, x2d, codes, scale, rows, channels, x2d.stride(0), x2d.stride(1),
+            BLOCK_C=_BLOCK_CHANNELS, **constexprs,
         )  # fmt: skip
     return [codes, scale]
+
+
+def triton_channel_decompress(
+    payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype,
+    *, codec: str, spec: SpecFn, kernel: Any, **constexprs: Any,
+) -> torch.Tensor:  # fmt: skip
+    """Runs a per-channel codec's decompress kernel (programs as for compress)."""
+    shape = check_channel_payload(payload, shape, dtype, codec=codec, spec=spec)
+    codes, scale = (t.contiguous() for t in payload)
+    require_triton(codes, kernel)
+    rows, channels = rows_channels(shape)
+    out = torch.empty(rows, channels, dtype=dtype, device=codes.device)
+    if rows and channels:
+        grid = (scale.shape[0], (channels + _BLOCK_CHANNELS - 1) // _BLOCK_CHANNELS)
+        launch(kernel, grid, codes, scale, out, rows, channels, BLOCK_C=_BLOCK_CHANNELS, **constexprs)
+    return out.reshape(shape)
+
+
+def triton_int8_channel_compress(x: torch.Tensor) -> list[torch.Tensor]:
+    """Triton twin of `torch_int8_channel_compress` (same bits)."""
+    return triton_channel_compress(
+        x, codec=NAME, spec=int8_channel_payload_spec, kernel=_compress_kernel,
+        QMAX_=QMAX, MIN_SCALE_=MIN_SCALE, BLOCK_R=BLOCK_ROWS,
+    )  # fmt: skip
 
 
 def triton_int8_channel_decompress(
     payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
 ) -> torch.Tensor:
     """Triton twin of `torch_int8_channel_decompress` (same bits)."""
-    shape = _check_decompress(payload, shape, dtype)
-    codes, scale = (t.contiguous() for t in payload)
-    require_triton(codes, _decompress_kernel)
-    rows, channels = rows_channels(shape)
-    out = torch.empty(rows, channels, dtype=dtype, device=codes.device)
-    if rows and channels:
-        grid = (scale.shape[0], (channels + _BLOCK_CHANNELS - 1) // _BLOCK_CHANNELS)
-        launch(
-            _decompress_kernel, grid, codes, scale, out, rows, channels,
-            QMAX_=QMAX, BLOCK_R=BLOCK_ROWS, BLOCK_C=_BLOCK_CHANNELS,
-        )  # fmt: skip
-    return out.reshape(shape)
+    return triton_channel_decompress(
+        payload, shape, dtype, codec=NAME, spec=int8_channel_payload_spec, kernel=_decompress_kernel,
+        QMAX_=QMAX, BLOCK_R=BLOCK_ROWS,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------
@@ -331,11 +350,18 @@ def triton_int8_channel_decompress(
 # --------------------------------------------------------------------------
 
 
-def _check_decompress(payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype) -> tuple[Any, ...]:
-    shape = check_shape(shape, codec=NAME)
-    check_output_dtype(dtype, codec=NAME, dtypes=_DTYPES)
-    check_payload(payload, int8_channel_payload_spec(shape, dtype), codec=NAME)
+def check_channel_payload(
+    payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype, *, codec: str, spec: SpecFn
+) -> tuple[Any, ...]:
+    """Validates a decompress call of a per-channel codec; returns the shape."""
+    shape = check_shape(shape, codec=codec)
+    check_output_dtype(dtype, codec=codec, dtypes=_DTYPES)
+    check_payload(payload, spec(shape, dtype), codec=codec)
     return shape
+
+
+def _check_decompress(payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype) -> tuple[Any, ...]:
+    return check_channel_payload(payload, shape, dtype, codec=NAME, spec=int8_channel_payload_spec)
 
 
 int8_channel_compress_op, int8_channel_decompress_op = register_dispatched_ops(
@@ -347,31 +373,56 @@ int8_channel_compress_op, int8_channel_decompress_op = register_dispatched_ops(
 )
 
 
-class Int8ChannelCodec(OpCodec):
-    """int8 with one scale per channel and block of rows (see module docstring)."""
+class ChannelCodec(OpCodec):
+    """A codec with one scale per channel and block of rows: what
+    `int8_channel` and `int4_channel` share (the payload spec and aten forms
+    they are built with, and where they apply)."""
 
-    name = NAME
-    error_bound = 0.015
+    def __init__(
+        self, name: str, error_bound: float, spec: SpecFn, aten: tuple[Callable[..., Any], Callable[..., Any]],
+        *, linear_inputs_only: bool,
+    ) -> None:  # fmt: skip
+        self.name = name
+        self.error_bound = error_bound
+        self._spec = spec
+        self._aten_compress, self._aten_decompress = aten
+        #: Only values a matmul reads in backward (inputs of linear layers).
+        self.linear_inputs_only = linear_inputs_only
 
     def payload_spec(self, shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
-        return int8_channel_payload_spec(shape, dtype)
+        return self._spec(shape, dtype)
 
     def aten_compress(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return _aten_compress(x)
+        return self._aten_compress(x)
 
     def aten_decompress(
         self, payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
     ) -> torch.Tensor:
-        return _aten_decompress(payload, shape, dtype)
+        return self._aten_decompress(payload, shape, dtype)
 
     def applies(self, query: ApplyQuery) -> bool:
-        """Float values of the producer classes in `_PRODUCERS`, where the
-        payload is smaller than the tensor (a handful of rows can make the
-        scales outweigh the codes)."""
-        if not (query.dtype in _DTYPES and len(query.shape) >= 1 and query.producer_class in _PRODUCERS):
+        """Float values of the producer classes in `_PRODUCERS` (read by a
+        matmul in backward where ``linear_inputs_only``), where the payload
+        is smaller than the tensor (a handful of rows can make the scales
+        outweigh the codes)."""
+        if not (
+            query.dtype in _DTYPES
+            and len(query.shape) >= 1
+            and query.producer_class in _PRODUCERS
+            and ("matmul" in query.consumer_classes or not self.linear_inputs_only)
+        ):
             return False
         original = numel_of([int(s) for s in query.shape]) * query.dtype.itemsize
         return self.compressed_nbytes(query.shape, query.dtype) < original
+
+
+class Int8ChannelCodec(ChannelCodec):
+    """int8 with one scale per channel and block of rows (see module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            NAME, 0.015, int8_channel_payload_spec, (_aten_compress, _aten_decompress), linear_inputs_only=False
+        )
 
     def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:
         """Scratch bytes. The Triton kernels need none. The torch reference,
