@@ -40,7 +40,9 @@ each code is within half a step (m / 252) of its value, so the relative
 error of the tensor can never exceed sqrt(64) / 252 = 0.032 whatever the
 input. Measured (tests/kernels/test_int_channel.py, bench/bench_codec_error.py)
 it is far lower; declared 0.015 like `int8_outlier`, so that both serve the
-"balanced" accuracy mode and the planner picks between them by cost.
+"balanced" accuracy mode and the planner picks between them by cost where
+both apply: int8_channel is offered for the inputs of linear layers only
+(see `ChannelCodec.applies`), int8_outlier for any float activation.
 
 Triton: one program per block of rows and 64 channels does the whole
 compress in registers (maxima and codes), one more the decompress.
@@ -88,6 +90,8 @@ QMAX = 126
 MIN_SCALE = 2.0**-126
 #: Producer op classes whose outputs it is offered for (annotate pass names).
 _PRODUCERS = frozenset({"norm", "attention", "activation", "elementwise", "matmul", "dropout", "view"})
+#: Ops whose values are laid out channels first (NCHW): see `ChannelCodec.applies`.
+_CHANNELS_FIRST_OPS = ("convolution", "batch_norm", "pool")
 _BLOCK_CHANNELS = 64
 #: Rows per sub-block of the aten form's two-stage maxima (see `aten_block_max`).
 _SUB_ROWS = 8
@@ -402,14 +406,26 @@ class ChannelCodec(OpCodec):
 
     def applies(self, query: ApplyQuery) -> bool:
         """Float values of the producer classes in `_PRODUCERS` (read by a
-        matmul in backward where ``linear_inputs_only``), where the payload
-        is smaller than the tensor (a handful of rows can make the scales
-        outweigh the codes)."""
+        matmul in backward where ``linear_inputs_only``) whose last dim is a
+        feature dim, where the payload is smaller than the tensor (a handful
+        of rows can make the scales outweigh the codes).
+
+        Both codecs are kept to the inputs of linear layers, the values whose
+        last dim is certainly a feature dim (rows are tokens), and never to
+        values of convolutional layers (made or read by a convolution, batch
+        norm or pooling, which the annotate pass also calls "matmul"): a
+        channels-first layout puts space in the last dim, and a block of rows
+        then spans conv channels of unrelated scale. Offered for a conv-BN
+        net's ReLU outputs, int8_channel rounded its small positive values to
+        0 and so changed the ReLU backward's mask: a BN bias gradient moved
+        by 0.12 where the plan's bounds allowed 0.06 (measured)."""
+        targets = (query.producer_target, *query.consumer_targets)
         if not (
             query.dtype in _DTYPES
             and len(query.shape) >= 1
             and query.producer_class in _PRODUCERS
             and ("matmul" in query.consumer_classes or not self.linear_inputs_only)
+            and not any(op in target for target in targets for op in _CHANNELS_FIRST_OPS)
         ):
             return False
         original = numel_of([int(s) for s in query.shape]) * query.dtype.itemsize
@@ -421,7 +437,7 @@ class Int8ChannelCodec(ChannelCodec):
 
     def __init__(self) -> None:
         super().__init__(
-            NAME, 0.015, int8_channel_payload_spec, (_aten_compress, _aten_decompress), linear_inputs_only=False
+            NAME, 0.015, int8_channel_payload_spec, (_aten_compress, _aten_decompress), linear_inputs_only=True
         )
 
     def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:

@@ -29,8 +29,9 @@ scale, ~0.027 measured) moved the final loss by up to 0.56%; with
 int8_outlier (group scales plus outlier channels, ~0.006 measured) in their
 place the worst seed moved 0.48%, inside the 0.5% target. int8_channel (one
 scale per channel and block of 64 rows, ~0.006 measured) is the same
-precision in a layout Inductor runs 2-3x faster; the planner picks between
-the two by cost, value by value. softmax_u8 is
+precision in a layout Inductor runs 2-3x faster, offered for the inputs of
+linear layers (int8_outlier: any float activation); where both apply the
+planner picks between them by cost, value by value. softmax_u8 is
 offered for softmax outputs only, never log-softmax.
 
 Cost: compress + decompress seconds (`codec_seconds`). With a calibrated

@@ -197,7 +197,14 @@ def test_applies_to_float_activations_where_it_saves_bytes() -> None:
 
     for producer in ("norm", "attention", "activation", "matmul", "elementwise"):
         assert codec.applies(query(producer=producer))
-    assert codec.applies(query(consumers=("activation",)))
+    # Inputs of linear layers only: a ReLU output read by its backward alone is not one.
+    assert not codec.applies(query(consumers=("activation",)))
+    # Nor values of convolutional layers (channels first: the last dim is space).
+    conv = ApplyQuery(shape=(4, 8, 64, 64), dtype=torch.float32, producer_class="norm",
+                      producer_target="aten._native_batch_norm_legit_functional.default",
+                      consumer_classes=("matmul",), consumer_targets=("aten.convolution_backward.default",))
+    assert not codec.applies(conv)
+    assert not get_codec("int4_channel").applies(conv)
     assert not codec.applies(query(producer="softmax"))  # softmax_u8's job
     assert not codec.applies(query(dtype=torch.bool, producer="mask"))
     assert not codec.applies(query(dtype=torch.float64))
@@ -205,7 +212,6 @@ def test_applies_to_float_activations_where_it_saves_bytes() -> None:
     for shape in ((), (1, 4096), (0, 64)):
         assert not codec.applies(query(shape=shape, dtype=torch.float16)), shape
     assert codec.applies(query(shape=(8, 4096), dtype=torch.float32))
-    # int4, like int4_outlier, only for what a matmul reads in backward.
     int4 = get_codec("int4_channel")
     assert int4.applies(query()) and not int4.applies(query(consumers=("activation",)))
 
