@@ -47,6 +47,7 @@ import torch
 from . import REGISTRY
 from .aten_graphs import packed_fields
 from .int_channel import (
+    DTYPES,
     MIN_SCALE,
     ChannelCodec,
     aten_block_max,
@@ -70,7 +71,6 @@ from .oplib import (
 )
 
 NAME = "int4_channel"
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Rows per block sharing one scale per channel.
 BLOCK_ROWS = 32
 HALF = BLOCK_ROWS // 2
@@ -102,7 +102,7 @@ def torch_int4_channel_compress(x: torch.Tensor) -> list[torch.Tensor]:
     """Reference compress: one owned float32 copy of ``x`` padded to whole
     blocks, divided, clamped and rounded in place, cast to int8 codes once
     and packed; the codes of non-finite values are written from ``x``."""
-    check_input(x, codec=NAME, dtypes=_DTYPES)
+    check_input(x, codec=NAME, dtypes=DTYPES)
     rows, channels = rows_channels(x.shape)
     blocks = (rows + BLOCK_ROWS - 1) // BLOCK_ROWS
     x2d = x.reshape(rows, channels)
@@ -170,7 +170,7 @@ def _aten_compress(x: torch.Tensor) -> list[torch.Tensor]:
     bit): the maxima and the NaN/Inf counts (one reduction kernel), then the
     codes and their packing (one elementwise kernel reading the stored
     scales)."""
-    check_input(x, codec=NAME, dtypes=_DTYPES)
+    check_input(x, codec=NAME, dtypes=DTYPES)
     rows, channels = rows_channels(x.shape)
     if rows == 0 or channels == 0:
         return torch_int4_channel_compress(x)
@@ -306,7 +306,7 @@ def _check_decompress(payload: Sequence[torch.Tensor], shape: Sequence[int], dty
 
 int4_channel_compress_op, int4_channel_decompress_op = register_dispatched_ops(
     NAME,
-    dtypes=_DTYPES,
+    dtypes=DTYPES,
     payload_spec=int4_channel_payload_spec,
     torch_impl=(torch_int4_channel_compress, torch_int4_channel_decompress),
     triton_impl=(triton_int4_channel_compress, triton_int4_channel_decompress),
@@ -319,7 +319,7 @@ class Int4ChannelCodec(ChannelCodec):
 
     def __init__(self) -> None:
         super().__init__(
-            NAME, 0.16, int4_channel_payload_spec, (_aten_compress, _aten_decompress), linear_inputs_only=True
+            NAME, 0.16, int4_channel_payload_spec, (_aten_compress, _aten_decompress)
         )
 
     def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:

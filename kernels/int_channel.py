@@ -58,6 +58,7 @@ import torch.nn.functional as F
 from . import REGISTRY
 from .aten_graphs import int8_values
 from .codec import ApplyQuery
+from .int_outlier import ACTIVATION_PRODUCERS
 from .oplib import (
     OpCodec,
     PayloadSpec,
@@ -80,7 +81,8 @@ from .oplib import (
 #: A payload spec: (shape, dtype) -> [(shape, dtype) of codes, of scales].
 SpecFn = Callable[[Sequence[Any], torch.dtype], PayloadSpec]
 NAME = "int8_channel"
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: Input dtypes of the per-channel codecs.
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SCALE_DTYPE = torch.float32
 #: Rows per block sharing one scale per channel.
 BLOCK_ROWS = 64
@@ -89,14 +91,12 @@ QMAX = 126
 #: Smallest scale: the smallest normal float32, whose reciprocal is finite.
 MIN_SCALE = 2.0**-126
 #: Producer op classes whose outputs it is offered for (annotate pass names).
-_PRODUCERS = frozenset({"norm", "attention", "activation", "elementwise", "matmul", "dropout", "view"})
 #: Ops whose values are laid out channels first (NCHW): see `ChannelCodec.applies`.
 _CHANNELS_FIRST_OPS = ("convolution", "batch_norm", "pool")
 _BLOCK_CHANNELS = 64
 #: Rows per sub-block of the aten form's two-stage maxima (see `aten_block_max`).
 _SUB_ROWS = 8
 _SMALL = 256
-
 
 
 def int8_channel_payload_spec(shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
@@ -148,7 +148,7 @@ def torch_int8_channel_compress(x: torch.Tensor) -> list[torch.Tensor]:
     ``x`` (the usual case). Otherwise the copy's non-finite values are
     zeroed for the maxima, and their codes are written afterwards from ``x``.
     """
-    check_input(x, codec=NAME, dtypes=_DTYPES)
+    check_input(x, codec=NAME, dtypes=DTYPES)
     rows, channels = rows_channels(x.shape)
     x2d = x.reshape(rows, channels)
     xf = torch.empty(rows, channels, dtype=torch.float32, device=x.device)
@@ -184,7 +184,7 @@ def torch_int8_channel_decompress(
     v.copy_(codes)
     for view, blocks in row_blocks(v):
         view.mul_(scale[blocks].unsqueeze(1))
-    if rows and channels and not known_true((codes.view(-1).amin() > -QMAX - 1) & (codes.view(-1).amax() <= QMAX), codes):
+    if rows and channels and not known_true((codes.amin() >= -QMAX) & (codes.amax() <= QMAX), codes):
         v.masked_fill_(codes == QMAX + 1, torch.inf)
         v.masked_fill_(codes == -QMAX - 1, -torch.inf)
         v.masked_fill_(codes == -QMAX - 2, torch.nan)
@@ -221,7 +221,7 @@ def _aten_compress(x: torch.Tensor) -> list[torch.Tensor]:
     """`torch_int8_channel_compress` for Inductor (the same payload, bit for
     bit): the maxima (one reduction kernel), then the codes (one
     elementwise kernel dividing by the stored scales)."""
-    check_input(x, codec=NAME, dtypes=_DTYPES)
+    check_input(x, codec=NAME, dtypes=DTYPES)
     rows, channels = rows_channels(x.shape)
     if rows == 0 or channels == 0:
         return torch_int8_channel_compress(x)
@@ -298,10 +298,12 @@ def _decompress_kernel(
     tl.store(out_ptr + offsets, rne_cast(v, out_ptr.dtype.element_ty), mask=valid)
 
 
-def triton_channel_compress(x: torch.Tensor, *, codec: str, spec: SpecFn, kernel: Any, **constexprs: Any) -> list[torch.Tensor]:
+def triton_channel_compress(
+    x: torch.Tensor, *, codec: str, spec: SpecFn, kernel: Any, **constexprs: Any
+) -> list[torch.Tensor]:
     """Runs a per-channel codec's compress kernel: one program per block of
     rows and `_BLOCK_CHANNELS` channels, writing [codes, scales] of ``spec``."""
-    check_input(x, codec=codec, dtypes=_DTYPES)
+    check_input(x, codec=codec, dtypes=DTYPES)
     require_triton(x, kernel)
     rows, channels = rows_channels(x.shape)
     x2d = x.reshape(rows, channels)
@@ -359,7 +361,7 @@ def check_channel_payload(
 ) -> tuple[Any, ...]:
     """Validates a decompress call of a per-channel codec; returns the shape."""
     shape = check_shape(shape, codec=codec)
-    check_output_dtype(dtype, codec=codec, dtypes=_DTYPES)
+    check_output_dtype(dtype, codec=codec, dtypes=DTYPES)
     check_payload(payload, spec(shape, dtype), codec=codec)
     return shape
 
@@ -370,7 +372,7 @@ def _check_decompress(payload: Sequence[torch.Tensor], shape: Sequence[int], dty
 
 int8_channel_compress_op, int8_channel_decompress_op = register_dispatched_ops(
     NAME,
-    dtypes=_DTYPES,
+    dtypes=DTYPES,
     payload_spec=int8_channel_payload_spec,
     torch_impl=(torch_int8_channel_compress, torch_int8_channel_decompress),
     triton_impl=(triton_int8_channel_compress, triton_int8_channel_decompress),
@@ -383,15 +385,12 @@ class ChannelCodec(OpCodec):
     they are built with, and where they apply)."""
 
     def __init__(
-        self, name: str, error_bound: float, spec: SpecFn, aten: tuple[Callable[..., Any], Callable[..., Any]],
-        *, linear_inputs_only: bool,
-    ) -> None:  # fmt: skip
+        self, name: str, error_bound: float, spec: SpecFn, aten: tuple[Callable[..., Any], Callable[..., Any]]
+    ) -> None:
         self.name = name
         self.error_bound = error_bound
         self._spec = spec
         self._aten_compress, self._aten_decompress = aten
-        #: Only values a matmul reads in backward (inputs of linear layers).
-        self.linear_inputs_only = linear_inputs_only
 
     def payload_spec(self, shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
         return self._spec(shape, dtype)
@@ -405,12 +404,11 @@ class ChannelCodec(OpCodec):
         return self._aten_decompress(payload, shape, dtype)
 
     def applies(self, query: ApplyQuery) -> bool:
-        """Float values of the producer classes in `_PRODUCERS` (read by a
-        matmul in backward where ``linear_inputs_only``) whose last dim is a
-        feature dim, where the payload is smaller than the tensor (a handful
-        of rows can make the scales outweigh the codes).
+        """Float values of the producer classes in `ACTIVATION_PRODUCERS` that
+        a matmul reads in backward, where the payload is smaller than the
+        tensor (a handful of rows can make the scales outweigh the codes).
 
-        Both codecs are kept to the inputs of linear layers, the values whose
+        Kept to the inputs of linear layers, the values whose
         last dim is certainly a feature dim (rows are tokens), and never to
         values of convolutional layers (made or read by a convolution, batch
         norm or pooling, which the annotate pass also calls "matmul"): a
@@ -421,10 +419,10 @@ class ChannelCodec(OpCodec):
         by 0.12 where the plan's bounds allowed 0.06 (measured)."""
         targets = (query.producer_target, *query.consumer_targets)
         if not (
-            query.dtype in _DTYPES
+            query.dtype in DTYPES
             and len(query.shape) >= 1
-            and query.producer_class in _PRODUCERS
-            and ("matmul" in query.consumer_classes or not self.linear_inputs_only)
+            and query.producer_class in ACTIVATION_PRODUCERS
+            and "matmul" in query.consumer_classes
             and not any(op in target for target in targets for op in _CHANNELS_FIRST_OPS)
         ):
             return False
@@ -437,7 +435,7 @@ class Int8ChannelCodec(ChannelCodec):
 
     def __init__(self) -> None:
         super().__init__(
-            NAME, 0.015, int8_channel_payload_spec, (_aten_compress, _aten_decompress), linear_inputs_only=True
+            NAME, 0.015, int8_channel_payload_spec, (_aten_compress, _aten_decompress)
         )
 
     def workspace(self, shape: tuple[int, ...], dtype: torch.dtype, *, triton: bool) -> Workspace:

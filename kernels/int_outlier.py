@@ -110,7 +110,7 @@ OUTLIER_DIVISOR = 64
 #: `calibrate` calls a channel an outlier above this multiple of the median channel.
 OUTLIER_RATIO = 4.0
 #: Producer op classes whose outputs feed linear layers (annotate pass names).
-_PRODUCERS = frozenset({"norm", "attention", "activation", "elementwise", "matmul", "dropout", "view"})
+ACTIVATION_PRODUCERS = frozenset({"norm", "attention", "activation", "elementwise", "matmul", "dropout", "view"})
 _BLOCK_ROWS = 32
 _STATS_ROWS_PER_PROGRAM = 256
 _STATS_BLOCK_CHANNELS = 64
@@ -858,7 +858,7 @@ class IntOutlierCodec(OpCodec):
         return _aten_decompress(self.fmt, payload, shape, dtype)
 
     def applies(self, query: ApplyQuery) -> bool:
-        """Float values of the producer classes in `_PRODUCERS`; for int4 only
+        """Float values of the producer classes in `ACTIVATION_PRODUCERS`; for int4 only
         those a matmul reads in backward (inputs of linear layers).
 
         Refused where the payload would not be smaller than the tensor: narrow
@@ -868,7 +868,7 @@ class IntOutlierCodec(OpCodec):
         if not (
             query.dtype in _DTYPES
             and len(query.shape) >= 1
-            and query.producer_class in _PRODUCERS
+            and query.producer_class in ACTIVATION_PRODUCERS
             and ("matmul" in query.consumer_classes or not self.linear_inputs_only)
         ):
             return False

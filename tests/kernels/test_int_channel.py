@@ -244,7 +244,8 @@ def test_fake_tensor_shapes_match_spec() -> None:
 
 
 @pytest.mark.parametrize(
-    "name,backend,dynamic", [("int8_channel", "aot_eager", True), ("int8_channel", "inductor", False), ("int4_channel", "inductor", False)]
+    "name,backend,dynamic",
+    [("int8_channel", "aot_eager", True), ("int8_channel", "inductor", False), ("int4_channel", "inductor", False)],
 )
 def test_ops_compile_without_graph_breaks(name: str, backend: str, dynamic: bool) -> None:
     codec = get_codec(name)
