@@ -158,6 +158,17 @@ class AdaccConfig:
     """False: the planner may only keep or compress (free view recomputation
     aside) — the "compression alone" baseline."""
 
+    inductor_buffer_reuse: bool = False
+    """Let Inductor's generated code hand a freed buffer to a later
+    allocation of the same size (Inductor's ``allow_buffer_reuse``). Off
+    under adacc: the freed buffer stays allocated from its last use until
+    that later allocation, wherever Inductor's own peak estimate (which
+    counts the parameters as graph inputs) allows it, so the step's real
+    peak exceeds the plan's model, which frees a value after its last
+    reader. On a 2-layer Llama (d_model 256) a recompute-only plan peaked
+    at 32.2 MiB with reuse and 26.8 MiB without, at the same step time
+    within noise (bench/RESULTS.md). True restores Inductor's default."""
+
     block_reuse: bool = True
     """Solve one instance of each set of identical blocks and replicate it
     (Lynx HEU); False forces the full MILP (for comparison)."""
@@ -220,7 +231,8 @@ class AdaccConfig:
         for name in ("planner", "on_infeasible", "accuracy", "device_profile", "comm_profile"):
             if name in options:
                 kwargs[name] = str(options[name])
-        for name in ("overlap_recompute", "block_reuse", "allow_recompute", "calibrate_codecs", "adapt"):
+        for name in ("overlap_recompute", "block_reuse", "allow_recompute", "calibrate_codecs", "adapt",
+                     "inductor_buffer_reuse"):
             if name in options:
                 kwargs[name] = _bool(name, options[name])
         for name in ("solver_time_limit_s", "mip_rel_gap", "plan_check_timeout_s"):

@@ -20,7 +20,7 @@ import torch.fx as fx
 from adacc_compile import compat
 from adacc_compile.config import AdaccConfig
 from adacc_compile.passes.device_profile import profile_by_name
-from adacc_compile.passes.fusion import Realization
+from adacc_compile.passes.fusion import PLACED, Realization, mark_placed
 from adacc_compile.pipeline import run_pipeline
 from adacc_compile.step_ledger import LEDGER, Holding, tracked
 from adacc_compile.state import PartitionState
@@ -106,6 +106,7 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         if self.config.adapt:
             self.last_state = state
         assert state.fw_module is not None and state.bw_module is not None
+        mark_placed(state.bw_module, state.forward_names)
         return state.fw_module, state.bw_module
 
     def compile(
@@ -138,7 +139,10 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         if eager:
             compiled = compat.eager_aot_compile(gm, example_inputs, self)
         else:
-            compiled = compat.inductor_compile(gm, example_inputs, {"custom_partitioner_fn": self})
+            patches: dict[str, Any] = {"custom_partitioner_fn": self}
+            if not self.config.inductor_buffer_reuse:  # frees at last use, as the plan's model does
+                patches["allow_buffer_reuse"] = False
+            compiled = compat.inductor_compile(gm, example_inputs, patches, pinned_meta_key=PLACED)
         if len(self.reports) == planned:  # no backward: nothing held
             return compiled, False
         summary = self.reports[-1]["summary"]

@@ -44,6 +44,7 @@ import torch
 import torch.fx as fx
 
 from .annotate import META_KEY, annotation, input_bytes
+from .compress_rewrite import DECOMPRESSED
 from .device_profile import DeviceProfile
 from .op_class import OpClass, classify, is_view_op
 
@@ -70,11 +71,15 @@ def is_pointwise(node: fx.Node) -> bool:
 
 def absorbs_producer(node: fx.Node) -> bool:
     """True when ``node`` can take a pointwise producer into its own kernel
-    (pointwise ops and reductions; views pass it on)."""
+    (pointwise ops and reductions). A view passes the producer on to its
+    own consumers, so it absorbs it only if all of them do: a pointwise
+    value viewed and then read by a matmul is materialised (Inductor's
+    ``mm`` reads a buffer), as the SiLU backward's product feeding the
+    gate projection's weight gradient is."""
     if node.op != "call_function":
         return False
     if is_view_op(node):
-        return True
+        return all(c.op != "output" and absorbs_producer(c) for c in node.users)
     tags = getattr(node.target, "tags", ())
     return torch.Tag.pointwise in tags or _op_class(node) is OpClass.REDUCTION
 
@@ -88,6 +93,21 @@ def materialised(node: fx.Node, consumers: Iterable[fx.Node], mode: Realization)
     return not all(absorbs_producer(c) for c in consumers if c.op != "output") or any(
         c.op == "output" for c in consumers
     )
+
+
+PLACED = "adacc_placed"
+"""Meta key on the backward's recomputed nodes (`mark_placed`): Inductor
+may not move them by horizontal fusion (`compat.inductor_compile`)."""
+
+
+def mark_placed(bw_module: fx.GraphModule, forward_names: set[str]) -> None:
+    """Tags the backward nodes the plan placed: recomputations (a forward
+    node's name in the backward) and decompressions. The memory model runs
+    them where they stand; Inductor fusing one with a far kernel that merely
+    shares an input would run it elsewhere, with its buffers."""
+    for node in bw_module.graph.nodes:
+        if node.op == "call_function" and (node.name in forward_names or DECOMPRESSED in node.meta):
+            node.meta[PLACED] = True
 
 
 def keep_seconds(node: fx.Node, *, realised_in_forward: bool, profile: DeviceProfile, mode: Realization) -> float:

@@ -251,10 +251,14 @@ def _run_graph(
 ) -> dict[fx.Node, list[_Storage]]:
     """Allocates and frees storages in node order; returns node -> storages."""
     nodes = list(gm.graph.nodes)
+    runs_at = _kernel_positions(nodes, mode)
     last_use: dict[fx.Node, int] = {}
     for index, node in enumerate(nodes):
         for arg in node.all_input_nodes:
-            last_use[arg] = index
+            last_use[arg] = max(last_use.get(arg, index), runs_at[node])
+    released: dict[int, list[fx.Node]] = {}
+    for arg, index in last_use.items():
+        released.setdefault(index, []).append(arg)
     storages: dict[fx.Node, list[_Storage]] = {}
     preset = preset or {}
     for index, node in enumerate(nodes):
@@ -280,8 +284,8 @@ def _run_graph(
         state.live += workspace  # scratch of a codec op: live while it runs
         state.record(phase, node.name)
         state.live -= workspace
-        # Free what this node was the last reader of (and dead outputs).
-        dying = [a for a in node.all_input_nodes if last_use.get(a) == index]
+        # Free what this node's kernel was the last to read (and dead outputs).
+        dying = list(released.get(index, ()))
         if node not in last_use and node.op == "call_function":
             dying.append(node)
         for dead in dying:
@@ -292,6 +296,42 @@ def _run_graph(
                 if storage.refs == 0:
                     state.free(storage)
     return storages
+
+
+def _kernel_positions(nodes: list[fx.Node], mode: Realization) -> dict[fx.Node, int]:
+    """Where each node's reads happen: its own position, except under
+    Inductor for a value fused into the one op that reads it (through
+    views), whose reads happen where that op's kernel runs. Inductor inlines
+    such a value into its reader's kernel, so what it reads stays allocated
+    until that kernel runs: the SiLU backward's product reads the gate
+    projection's gradient where the input gradient's kernel runs, after two
+    weight-gradient matmuls, not where the product stands. A fused value
+    read by several ops keeps its own position: Inductor realises most of
+    those (a reused value with an exponential, or more than a few reads),
+    and the long chains of a residual stream's gradient are among them.
+    A view reads nothing (its base stays allocated while the view lives)."""
+    position = {node: index for index, node in enumerate(nodes)}
+    runs_at: dict[fx.Node, int] = {}
+    for node in reversed(nodes):
+        index = position[node]
+        runs_at[node] = index
+        if mode is not Realization.INDUCTOR or node.op != "call_function":
+            continue
+        if not is_view_op(node) and not materialised(node, node.users, mode):
+            readers = _readers_through_views(node)
+            if len(readers) == 1:
+                runs_at[node] = max(index, runs_at[readers[0]])
+    return runs_at
+
+
+def _readers_through_views(node: fx.Node) -> list[fx.Node]:
+    readers: list[fx.Node] = []
+    for user in node.users:
+        if user.op == "call_function" and is_view_op(user):
+            readers.extend(_readers_through_views(user))
+        else:
+            readers.append(user)
+    return readers
 
 
 def _workspace_of(node: fx.Node, workspaces: dict[Any, WorkspaceFn] | None) -> int:

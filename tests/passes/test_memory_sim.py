@@ -196,3 +196,32 @@ def test_getitem_of_an_output_after_none_outputs():
     assert live["cb"] == w_bytes + b_bytes
     assert live["scaled"] == w_bytes + 2 * b_bytes  # grad_w, grad_b (read here), scaled
     assert live["<output>"] == w_bytes + b_bytes  # grad_w and scaled stay: outputs
+
+
+def _backward_with_fused_reader(v, g):
+    p = v * g  # pointwise, fused into the add: reads v where the add runs
+    m = g @ g  # a matmul between the product and its consumer
+    return (p + m,)
+
+
+def test_value_read_by_a_fused_op_lives_until_the_kernel_it_joins():
+    from adacc_compile.passes.fusion import Realization
+
+    x = torch.randn(1024)
+    fw = make_fx(forward, tracing_mode="fake")(x)
+    bw = make_fx(_backward_with_fused_reader, tracing_mode="fake")(torch.randn(32, 32), torch.randn(32, 32))
+    fw_view = [n for n in fw.graph.nodes if n.op == "call_function"][2]
+    next(n for n in bw.graph.nodes if n.op == "placeholder").name = fw_view.name
+    kib4 = 4096
+    live = {}
+    for mode in Realization:
+        timeline = simulate_step(fw, bw, num_fwd_outputs=1, mode=mode)
+        live[mode] = {e.node: e.live_bytes for e in timeline.events if e.phase == "backward"}
+    # Inductor computes v * g inside the add's kernel, after the matmul:
+    # nothing is allocated at the product, and the saved v (4 KiB) is still
+    # allocated beside the matmul's output (c, 4 bytes, stays with the caller).
+    assert live[Realization.INDUCTOR]["mul"] == 4 + kib4
+    assert live[Realization.INDUCTOR]["mm"] == 4 + kib4 + kib4
+    # Eagerly the product is a buffer of its own and v dies once it is made.
+    assert live[Realization.EAGER]["mul"] == 4 + kib4 + kib4
+    assert live[Realization.EAGER]["mm"] == 4 + kib4 + kib4
