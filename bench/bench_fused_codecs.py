@@ -37,7 +37,10 @@ Producers and readers, per the codecs' ``applies`` checks:
     fewbit_*       rank-64 matmul output feeding GELU/SiLU; reader grad * f'(h)
 
 Timing: warm-up, then ``--repeats`` rounds; each round times every graph of
-every codec and the copies once, interleaved; medians over rounds. One
+every codec and the copies once, interleaved. The in-graph figure is the
+median over rounds of each round's own (compressed - kept) / copy, with its
+quartiles beside it: the difference of two medians drifted by several
+copies between runs on a shared machine. One
 thread by default: on this shared 2-core machine a second OpenMP thread
 waits for its descheduled partner (50 ms instead of 0.6 ms, measured).
 """
@@ -221,6 +224,10 @@ class Result:
     compress_added_ms: float
     decompress_added_ms: float
     in_graph_vs_copy: float
+    """Median over rounds of (compress added + decompress added) / copy, each
+    round's three measured back to back."""
+    in_graph_quartiles: tuple[float, float]
+    """25th and 75th percentiles of the same per-round ratio: the noise."""
     standalone_vs_copy: float
 
 
@@ -253,15 +260,22 @@ def run(names: list[str], rows: int, cols: int, dtype: torch.dtype, repeats: int
                 times[name][f].append(_timed(fn, inner[name][f]))
     results = []
     for name in names:
-        med = {f: statistics.median(v) for f, v in times[name].items()}
-        compress = med["compress_forward"] - med["keep_forward"]
-        decompress = med["restore_backward"] - med["keep_backward"]
+        t = times[name]
+        med = {f: statistics.median(v) for f, v in t.items()}
+        # Paired per round: each round's graphs ran back to back, so a
+        # round's difference cancels the machine's drift between rounds.
+        compress = [c - k for c, k in zip(t["compress_forward"], t["keep_forward"])]
+        decompress = [r - k for r, k in zip(t["restore_backward"], t["keep_backward"])]
+        ratios = [(c + d) / copy for c, d, copy in zip(compress, decompress, t["copy"])]
+        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
         value = scenario_of(name).produce(*inputs_of(name, rows, cols, dtype))[1]
         results.append(Result(
             codec=name, value=scenario_of(name).label, dtype=str(value.dtype).removeprefix("torch."),
             shape=tuple(value.shape), copy_ms=1e3 * med["copy"],
-            compress_added_ms=1e3 * compress, decompress_added_ms=1e3 * decompress,
-            in_graph_vs_copy=(compress + decompress) / med["copy"],
+            compress_added_ms=1e3 * statistics.median(compress),
+            decompress_added_ms=1e3 * statistics.median(decompress),
+            in_graph_vs_copy=statistics.median(ratios),
+            in_graph_quartiles=(quartiles[0], quartiles[2]),
             standalone_vs_copy=(med["standalone_compress"] + med["standalone_decompress"]) / med["copy"],
         ))
     return results
@@ -269,13 +283,16 @@ def run(names: list[str], rows: int, cols: int, dtype: torch.dtype, repeats: int
 
 def markdown(results: list[Result]) -> str:
     rows = [
-        "| codec | value | dtype | copy ms | compress adds ms | decompress adds ms | in graph / copy | standalone / copy |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| codec | value | dtype | copy ms | compress adds ms | decompress adds ms | in graph / copy "
+        "| (p25-p75) | standalone / copy |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
+        low, high = r.in_graph_quartiles
         rows.append(
             f"| {r.codec} | {r.value} | {r.dtype} | {r.copy_ms:.3f} | {r.compress_added_ms:.3f} "
-            f"| {r.decompress_added_ms:.3f} | {r.in_graph_vs_copy:.2f} | {r.standalone_vs_copy:.2f} |"
+            f"| {r.decompress_added_ms:.3f} | {r.in_graph_vs_copy:.2f} | {low:.2f} - {high:.2f} "
+            f"| {r.standalone_vs_copy:.2f} |"
         )
     return "\n".join(rows)
 

@@ -19,13 +19,17 @@ The rules (`Realization`):
 * ``eager`` (the ``adacc_eager`` backend): every op runs on its own and
   materialises its output.
 * ``inductor``: a pointwise op (``torch.Tag.pointwise``) whose consumers are
-  all pointwise ops or reductions is fused into them and never materialised;
-  anything else (matmuls, attention, reductions, norms, random ops,
-  collectives, custom ops, indexing) produces a buffer, and a pointwise value
-  read by such an op must be materialised too. Views never allocate. This is
-  a static approximation of Inductor's scheduler (it may still realise a
-  pointwise value with many readers), chosen to err towards materialising,
-  so that the memory model stays an upper bound.
+  all pointwise ops or reductions (looking through views) is fused into them
+  and never materialised; anything else (matmuls, attention, reductions,
+  norms, random ops, collectives, custom ops, indexing) produces a buffer,
+  and a pointwise value read by such an op, directly or through a view, must
+  be materialised too. Views never allocate. A value fused into the one op
+  that reads it reads its own inputs where that op's kernel runs
+  (`memory_sim`). This is a static approximation of Inductor's scheduler
+  (it may still realise a pointwise value with many readers); two Inductor
+  behaviours it cannot follow, buffer reuse and fusing the backward's
+  recomputations with far kernels, are turned off for adacc's graphs
+  (`compat.inductor_compile`, `mark_placed`).
 
 Costs (seconds, on a `DeviceProfile`): keeping a value costs writing it in
 the forward (unless it is materialised there anyway) and reading it back in

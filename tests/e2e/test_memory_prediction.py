@@ -2,8 +2,8 @@
 
 Measured with the profiler's allocator trace (`adacc_compile.measure`),
 on ``adacc_eager``, whose graphs run op by op exactly as planned, so the
-prediction must be close. (Inductor fuses and reuses buffers, so for
-``adacc`` the prediction is an upper bound; `bench/` reports both.)
+prediction must be close. The same check under Inductor's generated code
+is `test_inductor_peak_prediction`.
 """
 
 from __future__ import annotations
