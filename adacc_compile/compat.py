@@ -236,16 +236,16 @@ def inductor_compile(
     """Inductor behind AOTAutograd with ``config_patches``.
 
     With ``pinned_meta_key``, a scheduler node built from a graph node whose
-    ``meta`` holds that key is never fused *horizontally* (with a kernel it
-    shares only inputs with) unless the two are neighbours in the graph's
-    order. Such a fusion runs both at the later one's place, so it moves
-    work the plan placed, with its buffers: on a 2-layer Llama it ran the
-    first layer's recomputed RoPE with the second's (a layer early) and a
-    recomputed SwiGLU product with the SiLU backward (past two matmuls),
-    raising the measured step peak by 1.7 and 2.7 MiB over the plan's
-    model. The backward is compiled now, not at its first call, so that
-    both graphs are compiled under the guard on this thread (Inductor's
-    choices handler is thread-local)."""
+    ``meta`` holds that key is fused with another kernel only if the two
+    are neighbours in the graph's order. A fusion of far kernels runs them
+    in one place, so it moves work the plan placed, with its buffers: on a
+    2-layer Llama, Inductor ran layer 0's recomputed RoPE with layer 1's (a
+    layer early), and a recomputed SwiGLU product (through the recomputed
+    SiLU it shares with the SiLU backward) past two matmuls; with the guard
+    the measured step peak of that recompute-only plan fell from 26.8 to
+    24.8 MiB (bench/RESULTS.md). The backward is compiled now, not at its
+    first call, so that both graphs are compiled under the guard on this
+    thread (Inductor's choices handler is thread-local)."""
     from torch._inductor.compile_fx import compile_fx
 
     if pinned_meta_key is None:
@@ -261,8 +261,8 @@ def inductor_compile(
 
 class _PinnedNodesStay:
     """Inductor's choices handler (``torch._inductor.choices.InductorChoices``)
-    with one more rule on horizontal fusion; everything else is delegated to
-    the handler it wraps."""
+    with one more rule on fusion (`inductor_compile`); everything else is
+    delegated to the handler it wraps."""
 
     def __init__(self, inner: Any, meta_key: str) -> None:
         self._inner = inner

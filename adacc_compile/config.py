@@ -166,8 +166,9 @@ class AdaccConfig:
     counts the parameters as graph inputs) allows it, so the step's real
     peak exceeds the plan's model, which frees a value after its last
     reader. On a 2-layer Llama (d_model 256) a recompute-only plan peaked
-    at 32.2 MiB with reuse and 26.8 MiB without, at the same step time
-    within noise (bench/RESULTS.md). True restores Inductor's default."""
+    at 32.2 MiB with reuse and 26.8 MiB without (bench/RESULTS.md); in a
+    25-step A/B the step times differed within this machine's noise.
+    True restores Inductor's default."""
 
     block_reuse: bool = True
     """Solve one instance of each set of identical blocks and replicate it

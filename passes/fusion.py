@@ -100,8 +100,8 @@ def materialised(node: fx.Node, consumers: Iterable[fx.Node], mode: Realization)
 
 
 PLACED = "adacc_placed"
-"""Meta key on the backward's recomputed nodes (`mark_placed`): Inductor
-may not move them by horizontal fusion (`compat.inductor_compile`)."""
+"""Meta key on the backward nodes the plan placed (`mark_placed`): Inductor
+fuses them only with their neighbours (`compat.inductor_compile`)."""
 
 
 def mark_placed(bw_module: fx.GraphModule, forward_names: set[str]) -> None:
