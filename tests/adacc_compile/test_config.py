@@ -102,3 +102,28 @@ def test_config_is_frozen():
     config = AdaccConfig.from_options({})
     with pytest.raises(Exception):
         config.planner = "greedy"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("options, reuse", [({}, False), ({"inductor_buffer_reuse": True}, True)])
+def test_inductor_buffer_reuse_reaches_inductors_config(monkeypatch, options, reuse):
+    """Off by default (Inductor's code then frees at last use, as the plan's
+    memory model does); True leaves Inductor's own setting alone."""
+    import torch
+
+    from adacc_compile import compat
+
+    seen = {}
+
+    def fake_compile(gm, example_inputs, config_patches, *, pinned_meta_key=None):
+        seen.update(config_patches, pinned=pinned_meta_key)
+        return gm
+
+    monkeypatch.setattr(compat, "inductor_compile", fake_compile)
+    partitioner = AdaccPartitioner(AdaccConfig.from_options(options))
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    partitioner.plan_and_compile(gm, [torch.randn(1, 2)], eager=False, graph_index=0)
+    assert seen["custom_partitioner_fn"] is partitioner
+    assert seen.get("allow_buffer_reuse", True) is reuse
+    assert seen["pinned"] == "adacc_placed"
+    with pytest.raises(ValueError):
+        AdaccConfig.from_options({"inductor_buffer_reuse": "sometimes"})
