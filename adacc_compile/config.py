@@ -158,6 +158,13 @@ class AdaccConfig:
     """False: the planner may only keep or compress (free view recomputation
     aside) — the "compression alone" baseline."""
 
+    peak_fit_solves: int = 3
+    """Further MILP solves (each a split and a simulation of the graphs)
+    that move the model's cap until the split graphs' simulated activation
+    peak is within the budget and no more than 3% under it
+    (`passes.plan_search`); the cheapest plan tried that fits is used. 0
+    trusts the model's plan as it is."""
+
     inductor_buffer_reuse: bool = False
     """Let Inductor's generated code hand a freed buffer to a later
     allocation of the same size (Inductor's ``allow_buffer_reuse``). Off
@@ -242,8 +249,9 @@ class AdaccConfig:
         for name in ("solver_threads", "adapt_every", "adapt_patience"):
             if name in options:
                 kwargs[name] = _positive_int(name, options[name])
-        if "adapt_max_replans" in options:
-            kwargs["adapt_max_replans"] = _non_negative_int("adapt_max_replans", options["adapt_max_replans"])
+        for name in ("adapt_max_replans", "peak_fit_solves"):
+            if name in options:
+                kwargs[name] = _non_negative_int(name, options[name])
         if "codecs" in options:
             value = options["codecs"]
             if value is not None:

@@ -183,6 +183,7 @@ def plan_stage(state: PartitionState) -> None:
         context, state.candidates, state.reduction, state.budget,
         planner=state.config.planner, options=state.solver_options,
         on_infeasible=state.config.on_infeasible, default=state.default_plan,
+        peak_fit_solves=state.config.peak_fit_solves,
     )
     state.outcome, state.budget = outcome, outcome.budget
     state.solution, state.saved_values = outcome.solution, outcome.saved

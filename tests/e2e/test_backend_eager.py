@@ -19,7 +19,8 @@ def test_matches_eager(name, budget):
     """Dropout masks match because random ops are never recomputed: the
     forward draws them once, in eager order, and saves them. Every plan's
     simulated activation peak fits its budget (clamped to the reachable
-    minimum, with a warning, where the budget is below it); at 1.0 the plan
+    minimum, with a warning, where the budget is below it), and so does its
+    modelled peak unless a re-solve raised the model's cap; at 1.0 the plan
     is at least as good as PyTorch's default partitioner's in memory and
     estimated time."""
     model, batch = build(name)
@@ -35,7 +36,10 @@ def test_matches_eager(name, budget):
     messages = " ".join(str(w.message) for w in caught)
     assert summary["predicted_activation_peak_bytes"] <= summary["modelled_activation_peak_bytes"]
     assert summary["predicted_activation_peak_bytes"] <= summary["budget_bytes"]
-    if summary["plan_source"] != "default":  # PyTorch's plan is taken where its simulation fits
+    if summary["plan_source"] != "default" and summary["replans"] == 0:
+        # The model's own plan fits the model. (PyTorch's plan is taken where
+        # its simulation fits; a re-solve may raise the model's cap over the
+        # budget where the simulated peak stayed under it.)
         assert summary["modelled_activation_peak_bytes"] <= summary["budget_bytes"]
     assert summary["planned_saved_bytes"] <= summary["budget_bytes"]
     if summary["budget_clamped_to_minimum"]:

@@ -25,7 +25,7 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("budget", [0.5, 0.35])
+@pytest.mark.parametrize("budget", [0.5, pytest.param(0.35, marks=pytest.mark.slow)])  # 0.35: 45 s, slow
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_recompute_plan_peak_under_inductor_is_predicted(name, budget):
     torch.manual_seed(0)

@@ -113,7 +113,9 @@ def test_one_forward_backward_split_per_graph(monkeypatch):
         calls.clear()
         model, batch = build(name)
         _, summary, _ = _plan(model, batch, lambda m: m, budget)
-        assert len(calls) == 1 + summary["replans"] == 1, (name, budget, len(calls))
+        # One split per plan tried: the first, and one per re-solve that
+        # found a new plan while fitting the simulated peak to the budget.
+        assert 1 <= len(calls) <= 1 + summary["replans"], (name, budget, len(calls))
 
 
 class _TwoGraphs(torch.nn.Module):
@@ -196,12 +198,13 @@ def test_unreachable_boundary_share_keeps_the_peak_budget(monkeypatch):
     assert_same(loss_and_grads(eager, eager, *batch), actual, rel=EAGER_REL)
 
 
-@pytest.mark.parametrize("inflated_splits", [1, 2])
-def test_split_over_the_model_re_solves_once_and_warns_if_still_over(monkeypatch, inflated_splits):
+@pytest.mark.parametrize("inflated_splits", [1, 99])
+def test_split_over_the_budget_lowers_the_cap_and_warns_if_nothing_fits(monkeypatch, inflated_splits):
     """Where the split graphs peak over the budget the model met, the plan is
-    solved once more with the budget lowered by the excess. If that second
-    split fits, it is used silently; if it is still over, the lower of the two
-    is used and a warning gives the excess (never a silent overshoot)."""
+    solved again with the model's cap lowered by the excess. If a later split
+    fits, it is used silently; if none of the ``peak_fit_solves`` re-solves
+    fits, the lowest of the plans tried is used and a warning gives the
+    excess (never a silent overshoot)."""
     import dataclasses
     import warnings
 
@@ -215,8 +218,9 @@ def test_split_over_the_model_re_solves_once_and_warns_if_still_over(monkeypatch
         calls.append(outcome.timeline.activation_peak_bytes)
         if len(calls) > inflated_splits:
             return outcome
-        # The split holds one byte more than the budget (the model missed it).
-        timeline = dataclasses.replace(outcome.timeline, activation_peak_bytes=budget.budget_bytes + 1)
+        # The split holds 5% more than the budget (the model missed it).
+        over = budget.budget_bytes + budget.budget_bytes // 20 + len(calls)
+        timeline = dataclasses.replace(outcome.timeline, activation_peak_bytes=over)
         return dataclasses.replace(outcome, timeline=timeline)
 
     monkeypatch.setattr(plan_search, "_split", inflated)
@@ -225,7 +229,46 @@ def test_split_over_the_model_re_solves_once_and_warns_if_still_over(monkeypatch
         warnings.simplefilter("always")
         _, summary, _ = _plan(model, batch, lambda m: m, 0.5)
     over = [str(w.message) for w in caught if "corrective re-solve" in str(w.message)]
-    assert len(calls) == 2 and summary["replans"] == 1
-    assert any("re-solving once" in note for note in summary["notes"])
+    assert summary["replans"] >= 1 and 2 <= len(calls) <= 1 + summary["replans"]
+    assert any("re-solving with the model's cap" in note for note in summary["notes"])
     assert summary["activation_peak_fits_budget"] is (inflated_splits == 1)
-    assert len(over) == (inflated_splits - 1) and all("over the budget" in m for m in over)
+    assert len(over) == (inflated_splits > 1) and all("over the budget" in m for m in over)
+    if inflated_splits > 1:
+        assert summary["replans"] <= 3  # peak_fit_solves' default
+
+
+def test_split_under_the_model_raises_the_cap_for_a_cheaper_plan_that_fits(monkeypatch):
+    """Where the split graphs hold much less than the model says (here every
+    split is made to hold 70% of what it does), the model's cap is raised by
+    the slack: the plan kept is cheaper by the cost model than the model's
+    own plan at the budget, and its simulated peak still fits. With
+    ``peak_fit_solves=0`` the model's plan is used as it is."""
+    import dataclasses
+
+    from adacc_compile.passes import plan_search
+
+    original = plan_search._split
+
+    def deflated(context, candidates, solution, source, budget, notes):
+        outcome = original(context, candidates, solution, source, budget, notes)
+        timeline = dataclasses.replace(
+            outcome.timeline, activation_peak_bytes=int(0.7 * outcome.timeline.activation_peak_bytes)
+        )
+        return dataclasses.replace(outcome, timeline=timeline)
+
+    monkeypatch.setattr(plan_search, "_split", deflated)
+    model, batch = build("gpt")
+    expected = loss_and_grads(model, model, *batch)
+    summaries = {}
+    for solves in (0, 3):
+        torch._dynamo.reset()
+        compiled, partitioner = compile_with_reports(
+            model, "adacc_eager", {"memory_budget": 0.6, "device_profile": "h100", "peak_fit_solves": solves}
+        )
+        assert_same(expected, loss_and_grads(model, compiled, *batch), rel=EAGER_REL)
+        summaries[solves] = partitioner.reports[-1]["summary"]
+    fixed, fitted = summaries[0], summaries[3]
+    assert fixed["replans"] == 0 and fitted["replans"] >= 1
+    assert fitted["activation_peak_fits_budget"]
+    assert fitted["modelled_activation_peak_bytes"] > fitted["budget_bytes"]
+    assert fitted["estimated_added_seconds"] < fixed["estimated_added_seconds"]

@@ -1,0 +1,55 @@
+"""The search for the model cap whose plan's simulated peak meets the budget
+(`plan_search._CapBracket`): steps by the gap until the target is
+bracketed, then interpolates, halving where a cap would repeat, and stops
+when a fitting plan is close enough or nothing is left to try."""
+
+from __future__ import annotations
+
+from adacc_compile.passes.plan_search import _CapBracket
+
+
+def test_a_plan_close_enough_under_the_target_stops_the_search():
+    bracket = _CapBracket(1000)
+    bracket.add(1000, 980)
+    assert bracket.next_cap(0.03) is None
+
+
+def test_slack_raises_the_cap_by_the_gap():
+    bracket = _CapBracket(1000)
+    bracket.add(1000, 800)
+    assert bracket.next_cap(0.03) == 1200
+
+
+def test_excess_lowers_the_cap_by_the_excess():
+    bracket = _CapBracket(1000)
+    bracket.add(1000, 1100)
+    assert bracket.next_cap(0.03) == 900
+
+
+def test_a_bracketed_target_is_interpolated_between_fit_and_over():
+    bracket = _CapBracket(1000)
+    bracket.add(1000, 800)
+    bracket.add(1200, 1200)  # over: the target lies between
+    cap = bracket.next_cap(0.03)
+    assert cap == 1000 + (1000 - 800) * 200 // 400 == 1100
+
+
+def test_a_repeated_cap_is_replaced_by_the_midpoint_and_an_exhausted_bracket_stops():
+    bracket = _CapBracket(1000)
+    bracket.add(1000, 800)
+    bracket.add(1200, 1200)
+    bracket.add(1100, 1200)  # the interpolated cap gave a plan over the target
+    assert bracket.next_cap(0.03) == 1050  # interpolation would give 1050 too: fresh, kept
+    bracket.add(1050, 800)  # same plan as at 1000
+    assert bracket.next_cap(0.03) == 1075
+    tight = _CapBracket(1000)
+    tight.add(1000, 800)
+    tight.add(1001, 1200)
+    assert tight.next_cap(0.03) is None
+
+
+def test_no_plan_at_a_lower_cap_ends_a_search_that_only_found_plans_over():
+    bracket = _CapBracket(1000)
+    bracket.add(1000, 1100)
+    bracket.add(900, None)  # the MILP found nothing under 900
+    assert bracket.next_cap(0.03) is None
