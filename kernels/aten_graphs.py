@@ -159,10 +159,23 @@ def packed_fields(data: torch.Tensor, bits: int) -> torch.Tensor:
 
 def byte_values(data: torch.Tensor) -> torch.Tensor:
     """The bytes of a one-byte tensor (uint8, int8 or bool) as float32
-    0..255 (int8 as two's complement bytes), shaped like ``data``."""
-    if vector_lanes(data.device) > 8:
-        return data.view(torch.uint8).float()  # a plain byte load (see vector_lanes)
+    0..255 (int8 as two's complement bytes), shaped like ``data``.
+
+    A plain byte load with 16-lane vectors (see `vector_lanes`), and where
+    the last dimension is not a whole number of int64 words: a reader that
+    loops over rows of such a tensor finds a row's bytes starting mid-word,
+    and Inductor's C++ then indexes each byte with a division and a modulo
+    and runs the whole kernel scalar (the int8_channel and fp8 decompress
+    of a [4096, 682] value ran at 24-27x a copy, AMD EPYC with AVX2; 682 is
+    a Llama-style FFN width, 8/3 of 256)."""
+    if vector_lanes(data.device) > 8 or not _whole_words(data):
+        return data.view(torch.uint8).float()
     return packed_fields(data, 8).float().view(data.shape)
+
+
+def _whole_words(data: torch.Tensor) -> bool:
+    """Every row (last dimension) of ``data`` is a whole number of int64 words."""
+    return data.dim() == 0 or data.shape[-1] % 8 == 0
 
 
 def int8_values(data: torch.Tensor) -> torch.Tensor:
@@ -172,8 +185,8 @@ def int8_values(data: torch.Tensor) -> torch.Tensor:
     lane by lane through a buffer (the int8_channel decompress ran at 2.3x
     a copy that way instead of 1.0x, AMD EPYC with AVX512); with 8 lanes
     through `byte_values`."""
-    if vector_lanes(data.device) > 8:
-        return data.to(torch.int32).float()
+    if vector_lanes(data.device) > 8 or not _whole_words(data):
+        return data.to(torch.int32).float()  # no uint8 bit-cast (see byte_values)
     byte = byte_values(data)
     return torch.where(byte >= 128.0, byte - 256.0, byte)
 
