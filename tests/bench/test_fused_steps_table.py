@@ -1,0 +1,47 @@
+"""`bench/bench_fused_steps.py`'s comparison at equal or lower measured
+peak: for each recompute-only plan, the fastest mixed plan of any budget
+that holds no more, timed against it round by round."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "bench"))
+
+from bench_fused_steps import at_equal_or_lower_peak, paired_ratio  # noqa: E402
+
+from adacc_examples.benchmarking import VariantResult  # noqa: E402
+
+
+def _result(name: str, peak_mib: float, steps: list[float]) -> VariantResult:
+    return VariantResult(name=name, peak_bytes=int(peak_mib * 2**20), step_seconds=steps)
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+    a = _result("a", 1, [1.0, 2.0, 3.0])
+    b = _result("b", 1, [2.0, 2.0, 1.0])
+    assert paired_ratio(a, b) == 1.0  # rounds: 0.5, 1.0, 3.0
+
+
+def test_the_fastest_mixed_plan_at_no_higher_peak_is_chosen_across_budgets():
+    results = [
+        _result("inductor (no adacc)", 50, [1.0, 1.0]),
+        _result("recompute-only @0.5 [auto]", 30, [1.2, 1.2]),
+        _result("recompute-only @0.4 [auto]", 25, [1.4, 1.4]),
+        _result("mixed/balanced @0.5 [auto]", 31, [0.6, 0.6]),  # faster but holds more: never chosen for 0.5
+        _result("mixed/aggressive @0.4 [auto]", 29, [1.08, 1.08]),
+        _result("mixed/balanced @0.4 [auto]", 24, [1.3, 1.3]),
+        _result("mixed/balanced @0.4 [h100]", 20, [0.1, 0.1]),  # another cost model: not compared
+    ]
+    rows = at_equal_or_lower_peak(results).splitlines()[2:]
+    assert "mixed/aggressive @0.4 [auto]" in rows[0] and rows[0].endswith("| 0.90 |")
+    assert "mixed/balanced @0.4 [auto]" in rows[1] and rows[1].endswith("| 0.93 |")
+
+
+def test_a_recompute_only_plan_below_every_mixed_plan_says_none():
+    results = [
+        _result("recompute-only @0.4 [auto]", 20, [1.0]),
+        _result("mixed/balanced @0.4 [auto]", 21, [0.5]),
+    ]
+    assert "| none |" in at_equal_or_lower_peak(results)
