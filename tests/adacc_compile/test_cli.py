@@ -149,6 +149,7 @@ def test_budget_cannot_be_met_names_smallest_budget_and_largest_batch(tiny_confi
 TINY_TWO_LAYERS = {**TINY_LLAMA, "num_hidden_layers": 2}
 
 
+@pytest.mark.slow  # 27 s: keeps the default run under 15 minutes
 def test_deep_config_is_traced_shallow_and_planned_at_full_depth(tmp_path, capsys):
     """Five identical layers: three traced, the middle one standing for
     three; the report says so and its plan rows count all five layers.

@@ -209,6 +209,7 @@ def test_verify_rejects_a_spliced_payload_never_decompressed():
         )
 
 
+@pytest.mark.slow  # 24 s: keeps the default run under 15 minutes
 def test_a_lossless_plan_times_only_lossless_codecs(monkeypatch, tmp_path):
     """With the measured CPU profile, codecs are compiled and timed when a
     plan first offers them: lossless planning never pays for the lossy

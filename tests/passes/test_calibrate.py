@@ -165,6 +165,7 @@ def test_row_sample_keeps_whole_rows_and_small_values():
     assert row_sample(flat, max_elements=1000) is flat  # 1-D: rows are the whole value
 
 
+@pytest.mark.slow  # 24 s: keeps the default run under 15 minutes
 def test_calibration_does_not_depend_on_the_rng_state_at_compile_time():
     """The GPT has dropout: the measured statistics (and so the options
     offered and the plan) are the same whatever the RNG state when the
