@@ -176,7 +176,8 @@ def _fit_simulated_peak(
     budget = first.budget
     target = budget.budget_bytes
     tried = [first]
-    seen = {_plan_key(first.solution)}
+    peaks = {_plan_key(first.solution): first.timeline.activation_peak_bytes}
+    """Simulated activation peak of each distinct plan tried."""
     bracket = _CapBracket(target)
     bracket.add(target, first.timeline.activation_peak_bytes)
     fit_start = first_reduced if first.timeline.activation_peak_bytes <= target else None
@@ -202,12 +203,12 @@ def _fit_simulated_peak(
             continue
         expanded = reduction.expand(retry)
         key = _plan_key(expanded)
-        if key in seen:
-            bracket.add(cap, next(o for o in tried if _plan_key(o.solution) == key).timeline.activation_peak_bytes)
+        if key in peaks:  # a plan already split and simulated
+            bracket.add(cap, peaks[key])
             continue
-        seen.add(key)
         outcome = _split(context, candidates, expanded, "planner", budget, [*first.notes, reason])
         tried.append(outcome)
+        peaks[key] = outcome.timeline.activation_peak_bytes
         if outcome.timeline.activation_peak_bytes <= target and (bracket.fit is None or cap > bracket.fit[0]):
             fit_start = retry
         bracket.add(cap, outcome.timeline.activation_peak_bytes)
@@ -233,7 +234,8 @@ class _CapBracket:
     fit: tuple[int, int] | None = None
     """(cap, peak) of the highest cap whose plan fits the target."""
     over: tuple[int, int] | None = None
-    """(cap, peak) of the lowest cap whose plan is over it (peak None: no plan)."""
+    """(cap, peak) of the lowest cap whose plan is over it (peak -1: the
+    MILP found no plan at that cap)."""
     caps: set[int] = dataclasses.field(default_factory=set)
     last_peak: int = 0
     """The simulated peak of the plan at the cap added last (0: none)."""
