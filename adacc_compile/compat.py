@@ -468,6 +468,32 @@ def allocator_totals(prof: Any) -> list[int]:
 
 
 # --------------------------------------------------------------------------
+# making Inductor write a value once
+# --------------------------------------------------------------------------
+
+
+def realize_op() -> Any:
+    """The op that makes Inductor write its input to a buffer of the given
+    strides, once, that every reader then loads (``prims.inductor_force_stride_order``;
+    in eager it returns its input when the strides already match), or None
+    where this torch lacks it.
+
+    Why: Inductor's CPU lowering inlines an unrealised pointwise value into
+    each of its readers unless the value holds an op it deems heavy (``exp``,
+    ``log``, ``tanh``, ...; not ``erf``). A value the forward saves is an
+    output and is written at once; once a codec replaces it among the saved
+    outputs, the codec's two loops (statistics, then codes) each recompute
+    the value's producer, a GELU's ``erf`` among them.
+    """
+    try:
+        import torch._inductor.inductor_prims  # noqa: F401  (registers torch.ops.prims.inductor_*)
+    except ImportError:  # pragma: no cover - torch without Inductor
+        return None
+    packet = getattr(torch.ops.prims, "inductor_force_stride_order", None)
+    return None if packet is None else packet.default
+
+
+# --------------------------------------------------------------------------
 # order pinning and process groups (recompute inside communication windows)
 # --------------------------------------------------------------------------
 

@@ -376,7 +376,9 @@ def _split(
         raise RuntimeError(f"adacc planner {solution.solver} produced an illegal plan: {errors}")
     saved = saved_values_for(context.joint, context.info, candidates, solution)
     fw, bw = split_joint_graph(context.joint, context.info, saved, num_fwd_outputs=context.num_fwd_outputs)
-    fw, bw = apply_compression(fw, bw, solution, num_fwd_outputs=context.num_fwd_outputs)
+    fw, bw = apply_compression(
+        fw, bw, solution, num_fwd_outputs=context.num_fwd_outputs, realize=context.mode is Realization.INDUCTOR
+    )
     timeline = simulate_step(
         fw, bw, num_fwd_outputs=context.num_fwd_outputs, forward_names=context.forward_names,
         mode=context.mode, charged_inputs=context.charged_inputs,

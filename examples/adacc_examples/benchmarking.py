@@ -59,6 +59,9 @@ class VariantResult:
     step_seconds: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     reports: list[dict[str, Any]] = field(default_factory=list)
+    kernel_seconds: dict[str, float] = field(default_factory=dict)
+    """Self CPU seconds per step of each profiled kernel or op (by name),
+    filled by ``run_variants(kernel_profile_steps=...)``."""
 
     @property
     def median_step_seconds(self) -> float:
@@ -191,9 +194,16 @@ def run_variants(
     timing_repeats: int = 5,
     lr: float = 1e-2,
     device: str = "cpu",
+    kernel_profile_steps: int = 0,
 ) -> list[VariantResult]:
     """Trains every variant on ``batches`` (one step each, first step
-    compiles), then measures peak memory and interleaved step times."""
+    compiles), then measures peak memory and interleaved step times.
+
+    ``kernel_profile_steps`` > 0 also runs that many steps of each variant
+    under the profiler, after the timed ones, and fills
+    ``VariantResult.kernel_seconds``; compile under
+    ``torch._inductor.config.cpp.enable_kernel_profile`` to see Inductor's
+    generated CPU kernels there by name (else only the ops they call)."""
     with _no_caches(), _each_variant_compiled_once(len(variants)):
         runners = [_make_runner(v, base_model, lr) for v in variants]
         for runner in runners:
@@ -218,7 +228,21 @@ def run_variants(
                 if device == "cuda":
                     torch.cuda.synchronize()
                 runner.result.step_seconds.append(time.perf_counter() - start)
+        if kernel_profile_steps > 0:
+            for runner in runners:
+                runner.result.kernel_seconds = _kernel_seconds(runner, batches[0], kernel_profile_steps)
     return [r.result for r in runners]
+
+
+def _kernel_seconds(runner: _Runner, batch: Batch, steps: int) -> dict[str, float]:
+    """Self CPU seconds per step of every event the profiler records over
+    ``steps`` training steps (self time, so nested events are not counted twice)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            runner.train_step(batch)
+    return {e.key: e.self_cpu_time_total / 1e6 / steps for e in prof.key_averages()}
 
 
 def _collect_plan(runner: _Runner) -> None:

@@ -1,0 +1,81 @@
+"""A compressed value is written once under Inductor, as a kept one is.
+
+Inductor's CPU lowering inlines an unrealised pointwise value into each of
+its readers unless it holds an op Inductor deems heavy (``erf`` is not
+one). A kept value is a forward output and is written at once; a
+compressed one is not, so the codec's loops (statistics, then codes) each
+recomputed the value's producer: a GPT step's GELU (``erf``) ran three
+times in the forward. `compress_rewrite` now routes the value through
+`compat.realize_op` (``realize=True``, the Inductor path).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch._inductor.utils import run_and_get_code
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torch._inductor.config as inductor_config
+
+from adacc_compile import compat
+from adacc_compile.kernels import get_codec
+from adacc_compile.passes.compress_rewrite import _splice_compress, _written_once
+from adacc_compile.passes.op_class import is_view_op
+from adacc_test_utils import build, compile_with_reports
+
+ERF = re.compile(r"\berf\(")
+
+
+def _forward(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    h = F.gelu(x @ w).view(-1, w.shape[1])  # as in a GPT block: the saved value is the 2-d view the matmul reads
+    return h @ w.t(), h  # the output, and h saved for the backward
+
+
+def _compressed_forward(codec: str, realize: bool) -> tuple[fx.GraphModule, list[torch.Tensor]]:
+    inputs = [torch.randn(2, 64, 64), torch.randn(64, 64)]
+    gm = make_fx(_forward)(*inputs)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    value = output.args[0][1]
+    read = _written_once(gm.graph, value) if realize else value
+    payload = _splice_compress(gm.graph, read, get_codec(codec), value_name=value.name)
+    output.args = ((output.args[0][0], *payload),)
+    gm.graph.lint()
+    gm.recompile()
+    return gm, inputs
+
+
+def _forward_erf_calls(monkeypatch, realize: bool) -> int:
+    if not realize:
+        monkeypatch.setattr(compat, "realize_op", lambda: None)
+    torch._dynamo.reset()
+    model, batch = build("gpt")
+    options = {"memory_budget": 0.3, "accuracy": "aggressive", "device_profile": "h100", "allow_recompute": False}
+    with inductor_config.patch(fx_graph_cache=False):
+        compiled, partitioner = compile_with_reports(model, "adacc", options)
+        _, codes = run_and_get_code(lambda: compiled(*batch).backward())
+    monkeypatch.undo()
+    assert any(r["decision"] == "compress" for r in partitioner.reports[-1]["plan"])
+    return len(ERF.findall(codes[0]))
+
+
+@pytest.mark.slow  # two GPT compiles with 30-odd codecs each: 35 s on this CPU
+def test_a_compressed_gelu_output_is_computed_once(monkeypatch):
+    """Both layers' GELUs share one kernel (erf once in the forward code)
+    when their outputs are written once; without the op, the codecs' loops
+    each carry their own copy of the GELU."""
+    assert _forward_erf_calls(monkeypatch, realize=True) == 1
+    assert _forward_erf_calls(monkeypatch, realize=False) > 1
+
+
+def test_the_written_value_is_read_by_every_forward_reader_and_costs_no_memory_of_its_own():
+    gm, _ = _compressed_forward("int8_channel", realize=True)
+    written = next(n for n in gm.graph.nodes if n.name.endswith("_written"))
+    value = written.args[0]
+    assert list(value.users) == [written]
+    assert len(written.users) >= 2  # the matmul reader and the codec
+    assert is_view_op(written)  # the memory simulator counts one buffer, not two
