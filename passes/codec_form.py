@@ -42,15 +42,19 @@ class GraphForm(enum.Enum):
     """``torch.ops.adacc.<codec>_compress`` / ``_decompress`` (Triton on CUDA)."""
 
 
-def codec_key(name: str, dtype: torch.dtype, form: GraphForm = GraphForm.ATEN) -> str:
+def codec_key(name: str, dtype: torch.dtype, form: GraphForm = GraphForm.ATEN, *, aligned: bool = True) -> str:
     """Key of a measured codec timing in `DeviceProfile.codec_seconds_per_element`:
     ``"<codec>/<dtype>@<source digest>"`` for the aten form (compiled by
-    Inductor), ``"<codec>/<dtype>/custom_op@<digest>"`` for the custom ops.
+    Inductor), ``"<codec>/<dtype>/custom_op@<digest>"`` for the custom ops,
+    with ``/unaligned`` before the ``@`` for values whose last dimension is
+    not a whole number of ``codec_timing.ALIGNED_COLUMNS``.
     The digest (`implementation_digest`) makes a changed codec re-timed: the
     cache file's own key names adacc's release, not its source."""
     base = f"{name}/{str(dtype).removeprefix('torch.')}"
     if form is not GraphForm.ATEN:
         base = f"{base}/{form.value}"
+    if not aligned:
+        base = f"{base}/unaligned"
     return f"{base}@{implementation_digest(name)}"
 
 

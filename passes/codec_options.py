@@ -57,7 +57,7 @@ from adacc_compile.kernels.oplib import triton_available
 from . import profile_cache
 from .annotate import annotation
 from .codec_form import GraphForm, codec_key
-from .codec_timing import measure_seconds_per_element
+from .codec_timing import is_aligned, measure_seconds_per_element
 from .compress_rewrite import physical_order
 from .device_profile import BUILTIN_PROFILES, DeviceProfile
 from .plan_problem import CompressOption
@@ -135,7 +135,8 @@ def codec_seconds(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, prof
     """Compress + decompress time of ``codec`` on ``shape``/``dtype``.
 
     Measured profiles: ``numel`` times the seconds per element measured for
-    the codec's aten form compiled by Inductor (`codec_timing`; on CUDA the
+    the codec's aten form compiled by Inductor on rows as aligned as
+    ``shape``'s (`codec_timing.is_aligned`; on CUDA the
     faster of that and the custom ops, the form `codec_form.graph_form`
     then inserts), measured on first need and cached per machine
     (`profile_cache.codec_timing`). Built-in GPU profiles: the bytes one
@@ -150,11 +151,12 @@ def codec_seconds(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, prof
     forms = [GraphForm.ATEN]
     if device.startswith("cuda") and triton_available():
         forms.append(GraphForm.CUSTOM_OP)
+    aligned = is_aligned(shape)
     per_element = min(
         profile_cache.codec_timing(
             device,
-            codec_key(codec.name, dtype, form),
-            functools.partial(measure_seconds_per_element, codec.name, dtype, device, form),
+            codec_key(codec.name, dtype, form, aligned=aligned),
+            functools.partial(measure_seconds_per_element, codec.name, dtype, device, form, aligned=aligned),
         )
         for form in forms
     )

@@ -8,7 +8,8 @@ dtype) and the planner's cost of an option is ``numel`` times the measured
 seconds per element (`codec_options.codec_seconds`).
 
 What is timed: compress (value -> payload) and decompress (payload ->
-value), each compiled on its own, on a sample of `SAMPLE_SHAPE`; the
+value), each compiled on its own, on a sample of `SAMPLE_SHAPE` (or
+`UNALIGNED_SAMPLE_SHAPE`: see `is_aligned`); the
 fastest of `REPEATS` runs after a warm-up. The fastest, not the median: on
 a shared machine another process only ever adds time (an OpenMP region
 whose second thread is descheduled waited 50 ms instead of 0.6 ms here),
@@ -25,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -38,6 +39,23 @@ from .codec_form import GraphForm
 SAMPLE_SHAPE = (512, 1024)
 """Rows x columns of the timed sample: large enough that per-call overhead
 is a few percent, small enough to compile and run in seconds on a CPU."""
+ALIGNED_COLUMNS = 64
+"""A value whose last dimension is a multiple of this is timed on
+`SAMPLE_SHAPE`, any other on `UNALIGNED_SAMPLE_SHAPE`. Such rows are not
+whole groups (the outlier codecs pad them) nor whole int64 words of
+one-byte payloads (read byte by byte), and cost more per element, measured
+at 682 columns (a Llama FFN at d_model 256) against 1024: int8_outlier
+1.7x on an AVX512 CPU, the int8/fp8 codecs 1.3-1.7x with AVX2."""
+UNALIGNED_SAMPLE_SHAPE = (512, 1022)
+
+
+def is_aligned(shape: Sequence[Any]) -> bool:
+    """True when ``shape``'s rows are whole multiples of `ALIGNED_COLUMNS`
+    (a 0-d value, or a symbolic last dimension, counts as aligned)."""
+    if not shape:
+        return True
+    last = shape[-1]
+    return not isinstance(last, int) or last % ALIGNED_COLUMNS == 0
 REPEATS = 7
 
 
@@ -93,15 +111,18 @@ def time_round_trip(round_trip: RoundTrip, sample: torch.Tensor, *, repeats: int
     )
 
 
-def measure_seconds_per_element(name: str, dtype: torch.dtype, device: str, form: GraphForm = GraphForm.ATEN) -> float:
+def measure_seconds_per_element(
+    name: str, dtype: torch.dtype, device: str, form: GraphForm = GraphForm.ATEN, *, aligned: bool = True
+) -> float:
     """Seconds per element of compress + decompress of codec ``name`` on a
-    ``dtype`` sample, in ``form``; inf where the codec rejects the dtype.
+    ``dtype`` sample (`SAMPLE_SHAPE`, or `UNALIGNED_SAMPLE_SHAPE` when not
+    ``aligned``), in ``form``; inf where the codec rejects the dtype.
 
     Runs on real tensors even inside the partitioner (which runs under
     AOTAutograd's fake mode: `compat.real_tensors`)."""
     codec = get_codec(name)
     with compat.real_tensors():
-        sample = sample_input(codec, dtype, device)
+        sample = sample_input(codec, dtype, device, SAMPLE_SHAPE if aligned else UNALIGNED_SAMPLE_SHAPE)
         try:
             codec.decompress(codec.compress(sample))
         except (TypeError, ValueError):

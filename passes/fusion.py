@@ -50,7 +50,7 @@ import torch.fx as fx
 from .annotate import META_KEY, annotation, input_bytes
 from .compress_rewrite import DECOMPRESSED
 from .device_profile import DeviceProfile
-from .op_class import OpClass, classify, is_view_op
+from .op_class import OpClass, classify, is_realize_op, is_view_op
 
 
 class Realization(str, enum.Enum):
@@ -80,8 +80,8 @@ def absorbs_producer(node: fx.Node) -> bool:
     value viewed and then read by a matmul is materialised (Inductor's
     ``mm`` reads a buffer), as the SiLU backward's product feeding the
     gate projection's weight gradient is."""
-    if node.op != "call_function":
-        return False
+    if node.op != "call_function" or is_realize_op(node):
+        return False  # `compat.realize_op` writes its input to a buffer
     if is_view_op(node):
         return all(c.op != "output" and absorbs_producer(c) for c in node.users)
     tags = getattr(node.target, "tags", ())

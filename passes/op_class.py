@@ -106,6 +106,15 @@ def is_view_op(node: fx.Node) -> bool:
         return _target_is_view.__wrapped__(node.target)
 
 
+REALIZE_OP = "prims.inductor_force_stride_order"
+"""`compat.realize_op`'s name: an alias of its input in eager, and under
+Inductor the one buffer the input is written to (`fusion.absorbs_producer`)."""
+
+
+def is_realize_op(node: fx.Node) -> bool:
+    return node.op == "call_function" and _target_name(node.target) == REALIZE_OP
+
+
 @functools.lru_cache(maxsize=4096)
 def _target_name(target: Any) -> str:
     # Cached per op: formatting an overload packet's name is the slowest
@@ -125,10 +134,8 @@ def _target_is_view(target: Any) -> bool:
         return False
     if _target_name(target) in ("aten._unsafe_view", "aten.alias"):
         return True
-    if _target_name(target) == "prims.inductor_force_stride_order":
-        # `compat.realize_op`: the one buffer its input is written to,
-        # which nothing else materialises (eager: the input itself).
-        return True
+    if _target_name(target) == REALIZE_OP:
+        return True  # shares its input's storage (`is_realize_op`)
     returns = schema.returns
     return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
 

@@ -145,3 +145,31 @@ def test_codec_timing_key_names_the_codec_source(tmp_path, monkeypatch):
         keys.append(codec_form.codec_key("int8_outlier", torch.float32))
     codec_form.implementation_digest.cache_clear()
     assert keys[0] != keys[1] and keys[0] != key
+
+
+def test_a_codec_is_costed_from_rows_as_aligned_as_the_values(monkeypatch):
+    """Rows that are not a whole number of `codec_timing.ALIGNED_COLUMNS`
+    (a Llama FFN's 682 channels) cost some codecs more per element (padded
+    groups, one-byte rows read byte by byte): their cost comes from a
+    timing of such rows, cached under its own key."""
+    import dataclasses
+
+    import torch
+
+    from adacc_compile.kernels import get_codec
+    from adacc_compile.passes import codec_options, codec_timing
+
+    keys: list[str] = []
+
+    def timing(device, key, measure):
+        keys.append(key)
+        return 2e-9 if "/unaligned@" in key else 1e-9
+
+    monkeypatch.setattr(profile_cache, "codec_timing", timing)
+    measured = dataclasses.replace(device_profile.BUILTIN_PROFILES["h100"], name="calibrated cpu")
+    codec = get_codec("int8_channel")
+    assert codec_options.codec_seconds(codec, (256, 1024), torch.float32, measured) == pytest.approx(256 * 1024 * 1e-9)
+    assert codec_options.codec_seconds(codec, (256, 682), torch.float32, measured) == pytest.approx(256 * 682 * 2e-9)
+    assert [k.partition("@")[0] for k in keys] == ["int8_channel/float32", "int8_channel/float32/unaligned"]
+    assert codec_timing.is_aligned((4, 256, 64)) and not codec_timing.is_aligned((4, 256, 682))
+    assert codec_timing.UNALIGNED_SAMPLE_SHAPE[-1] % codec_timing.ALIGNED_COLUMNS != 0
