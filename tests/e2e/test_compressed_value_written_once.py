@@ -26,7 +26,7 @@ from adacc_compile import compat
 from adacc_compile.kernels import get_codec
 from adacc_compile.passes.compress_rewrite import _splice_compress, _written_once
 from adacc_compile.passes.fusion import Realization, materialised
-from adacc_compile.passes.op_class import is_view_op
+from adacc_compile.passes.op_class import is_realize_op, is_view_op
 from adacc_test_utils import build, compile_with_reports
 
 ERF = re.compile(r"\berf\(")
@@ -96,3 +96,12 @@ def test_a_value_only_codec_loops_read_is_materialised_once_written():
     assert not materialised(exp, exp.users, Realization.INDUCTOR)
     _written_once(gm.graph, exp)
     assert materialised(exp, exp.users, Realization.INDUCTOR)
+
+
+def test_a_value_with_symbolic_strides_is_left_as_it_is():
+    """Dynamic shapes: the op's stride list would hold symbols the graph
+    does not carry as nodes, so the value is read directly (as before)."""
+    gm = make_fx(lambda x: x.exp() * 2, tracing_mode="symbolic")(torch.randn(8, 16))
+    exp = next(n for n in gm.graph.nodes if n.op == "call_function" and "exp" in str(n.target))
+    assert _written_once(gm.graph, exp) is exp
+    assert not any(is_realize_op(n) for n in gm.graph.nodes)
