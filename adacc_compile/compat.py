@@ -8,6 +8,7 @@ calls only the functions below, so a torch upgrade is a change to this file.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from dataclasses import dataclass
@@ -472,6 +473,7 @@ def allocator_totals(prof: Any) -> list[int]:
 # --------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)
 def realize_op() -> Any:
     """The op that makes Inductor write its input to a buffer of the given
     strides, once, that every reader then loads (``prims.inductor_force_stride_order``;

@@ -39,6 +39,7 @@ from .codec_form import GraphForm
 SAMPLE_SHAPE = (512, 1024)
 """Rows x columns of the timed sample: large enough that per-call overhead
 is a few percent, small enough to compile and run in seconds on a CPU."""
+REPEATS = 7
 ALIGNED_COLUMNS = 64
 """A value whose last dimension is a multiple of this is timed on
 `SAMPLE_SHAPE`, any other on `UNALIGNED_SAMPLE_SHAPE`. Such rows are not
@@ -56,7 +57,6 @@ def is_aligned(shape: Sequence[Any]) -> bool:
         return True
     last = shape[-1]
     return not isinstance(last, int) or last % ALIGNED_COLUMNS == 0
-REPEATS = 7
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

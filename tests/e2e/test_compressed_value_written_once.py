@@ -37,17 +37,17 @@ def _forward(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return h @ w.t(), h  # the output, and h saved for the backward
 
 
-def _compressed_forward(codec: str, realize: bool) -> tuple[fx.GraphModule, list[torch.Tensor]]:
-    inputs = [torch.randn(2, 64, 64), torch.randn(64, 64)]
-    gm = make_fx(_forward)(*inputs)
+def _compressed_forward() -> fx.GraphModule:
+    """`_forward` with its saved value written once and compressed (int8_channel)."""
+    gm = make_fx(_forward)(torch.randn(2, 64, 64), torch.randn(64, 64))
     output = next(n for n in gm.graph.nodes if n.op == "output")
     value = output.args[0][1]
-    read = _written_once(gm.graph, value) if realize else value
-    payload = _splice_compress(gm.graph, read, get_codec(codec), value_name=value.name)
+    written = _written_once(gm.graph, value)
+    payload = _splice_compress(gm.graph, written, get_codec("int8_channel"), value_name=value.name)
     output.args = ((output.args[0][0], *payload),)
     gm.graph.lint()
     gm.recompile()
-    return gm, inputs
+    return gm
 
 
 def _forward_erf_calls(monkeypatch, realize: bool) -> int:
@@ -74,7 +74,7 @@ def test_a_compressed_gelu_output_is_computed_once(monkeypatch):
 
 
 def test_the_written_value_is_read_by_every_forward_reader_and_counted_once():
-    gm, _ = _compressed_forward("int8_channel", realize=True)
+    gm = _compressed_forward()
     written = next(n for n in gm.graph.nodes if n.name.endswith("_written"))
     value = written.args[0]
     assert list(value.users) == [written]
