@@ -272,3 +272,43 @@ def test_split_under_the_model_raises_the_cap_for_a_cheaper_plan_that_fits(monke
     assert fitted["activation_peak_fits_budget"]
     assert fitted["modelled_activation_peak_bytes"] > fitted["budget_bytes"]
     assert fitted["estimated_added_seconds"] < fixed["estimated_added_seconds"]
+
+
+def test_fitting_re_solves_share_one_solver_time_limit(monkeypatch):
+    """The re-solves that fit the simulated peak get one solver time limit
+    between them, not one each: a re-solve is given what the earlier ones
+    left, and fitting stops once too little is left. Here every split is
+    over the budget (so the fit would re-solve ``peak_fit_solves`` times)
+    and every re-solve reports it used 60% of the limit: the first re-solve
+    gets the whole limit, the second the 40% left, and there is no third."""
+    import dataclasses
+
+    from adacc_compile.passes import plan_search
+
+    original_split, original_solve = plan_search._split, plan_search._solve
+    limits = []
+
+    def over(context, candidates, solution, source, budget, notes):
+        outcome = original_split(context, candidates, solution, source, budget, notes)
+        excess = budget.budget_bytes + budget.budget_bytes // 20 + len(limits)
+        return dataclasses.replace(outcome, timeline=dataclasses.replace(outcome.timeline, activation_peak_bytes=excess))
+
+    def slow_solve(problem, budget, planner, options):
+        limits.append(options.time_limit_s)
+        return dataclasses.replace(original_solve(problem, budget, planner, options), solve_seconds=6.0)
+
+    monkeypatch.setattr(plan_search, "_split", over)
+    monkeypatch.setattr(plan_search, "_solve", slow_solve)
+    model, batch = build("gpt")
+    torch._dynamo.reset()
+    with pytest.warns(UserWarning, match="over the budget"):
+        compiled, partitioner = compile_with_reports(
+            model, "adacc_eager",
+            {"memory_budget": 0.5, "device_profile": "h100", "solver_time_limit_s": 10.0, "peak_fit_solves": 5},
+        )
+        loss_and_grads(model, compiled, *batch)
+    summary = partitioner.reports[-1]["summary"]
+    assert summary["replans"] == 2
+    # The first solve (the budget's own) has the full limit; so has the
+    # first re-solve; the second has what the first left.
+    assert limits[0] == 10.0 and limits[-2:] == [10.0, pytest.approx(4.0)]
