@@ -473,6 +473,39 @@ def allocator_totals(prof: Any) -> list[int]:
 # --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class RealizeThresholds:
+    """When Inductor's lowering writes a pointwise value to a buffer rather
+    than inlining it into its readers (`GraphLowering.run_node`,
+    `StorageBox.should_realize_on_reuse` / `has_exceeded_max_reads`)."""
+
+    reuse_reads: int
+    """A value with more than one reader is realised when its inlined
+    computation reads more than this many buffers."""
+    accumulated_reads: int
+    """Any value is realised when its inlined computation reads more than
+    this many buffers."""
+    heavy_ops: frozenset[str]
+    """On this device, a value with more than one reader whose inlined
+    computation holds one of these ops is realised (CPU only)."""
+
+
+def realize_thresholds(device_type: str) -> RealizeThresholds:
+    """Inductor's realisation thresholds for ``device_type``, read from its
+    config (the torch 2.13 values where a name is missing)."""
+    try:
+        from torch._inductor import config
+    except ImportError:  # pragma: no cover - torch without Inductor
+        config = None
+    reuse = getattr(config, "realize_reads_threshold", 4)
+    accumulated = getattr(config, "realize_acc_reads_threshold", None)
+    if accumulated is None:
+        name = "realize_cpu_acc_reads_threshold" if device_type == "cpu" else "_realize_acc_reads_threshold_default"
+        accumulated = getattr(config, name, 12 if device_type == "cpu" else 8)
+    heavy = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"}) if device_type == "cpu" else frozenset()
+    return RealizeThresholds(reuse_reads=int(reuse), accumulated_reads=int(accumulated), heavy_ops=heavy)
+
+
 @functools.lru_cache(maxsize=None)
 def realize_op() -> Any:
     """The op that makes Inductor write its input to a buffer of the given

@@ -25,8 +25,12 @@ The rules (`Realization`):
   and a pointwise value read by such an op, directly or through a view, must
   be materialised too. Views never allocate. A value fused into the one op
   that reads it reads its own inputs where that op's kernel runs
-  (`memory_sim`). This is a static approximation of Inductor's scheduler
-  (it may still realise a pointwise value with many readers); two Inductor
+  (`memory_sim`). Inductor's lowering also writes a fusible value with
+  several readers whose inlined computation reads more than a few buffers
+  or (CPU) holds an exponential, and keeps that buffer where a reader runs
+  past a matmul or another op that cannot share the kernel
+  (`realised_by_lowering`). This is a static approximation of Inductor's
+  scheduler; two Inductor
   behaviours it cannot follow, buffer reuse and fusing the backward's
   recomputations with far kernels, are turned off for adacc's graphs
   (`compat.inductor_compile`, `mark_placed`).
@@ -46,6 +50,8 @@ from typing import Iterable
 
 import torch
 import torch.fx as fx
+
+from adacc_compile import compat
 
 from .annotate import META_KEY, annotation, input_bytes
 from .compress_rewrite import DECOMPRESSED
@@ -88,15 +94,107 @@ def absorbs_producer(node: fx.Node) -> bool:
     return torch.Tag.pointwise in tags or _op_class(node) is OpClass.REDUCTION
 
 
-def materialised(node: fx.Node, consumers: Iterable[fx.Node], mode: Realization) -> bool:
-    """Does computing ``node`` (for ``consumers``) allocate its output?"""
+def materialised(
+    node: fx.Node, consumers: Iterable[fx.Node], mode: Realization, memo: dict | None = None
+) -> bool:
+    """Does computing ``node`` (for ``consumers``) allocate its output?
+
+    With ``memo`` (a dict kept for one unchanged graph: `inlined_reads`
+    caches there) the lowering's own rules apply too
+    (`realised_by_lowering`): the memory simulator uses them on the split
+    graphs Inductor compiles. The plan's linear model does not: on the
+    joint graph they realise a residual stream's sums every few layers
+    (reads accumulate along the stream until one is written), which would
+    make identical blocks cost differently; the plan search's fit to the
+    simulated peak corrects what that leaves out."""
     if node.op != "call_function" or is_view_op(node):
         return False
     if mode is Realization.EAGER or not is_pointwise(node):
         return True
-    return not all(absorbs_producer(c) for c in consumers if c.op != "output") or any(
-        c.op == "output" for c in consumers
+    consumers = list(consumers)
+    if any(c.op == "output" for c in consumers) or not all(absorbs_producer(c) for c in consumers):
+        return True
+    return memo is not None and realised_by_lowering(node, consumers, mode, memo)
+
+
+def realised_by_lowering(node: fx.Node, consumers: list[fx.Node], mode: Realization, memo: dict) -> bool:
+    """Inductor's lowering writes a fusible pointwise value to a buffer
+    anyway where inlining it would repeat too much (`compat.realize_thresholds`):
+    with more than one reader, when its inlined computation reads more
+    than a few buffers or (CPU) holds an exponential, logarithm, sigmoid or
+    tanh; with any number, when it reads very many. A LayerNorm backward's
+    input gradient, read by the dropout backward and by the residual
+    stream's next gradient, reads seven buffers through its inlined
+    producers: Inductor writes it (measured: the 1 MiB a 2-layer GPT's
+    step held above this model, before the rule)."""
+    reads, ops = inlined_reads(node, mode, memo)
+    limits = compat.realize_thresholds(_device_type(node))
+    readers = set(consumers)
+    realised = (len(readers) > 1 and (len(reads) > limits.reuse_reads or bool(ops & limits.heavy_ops))) or (
+        len(reads) > limits.accumulated_reads
     )
+    return realised and _read_past_a_kernel_boundary(node, readers)
+
+
+def _read_past_a_kernel_boundary(node: fx.Node, readers: set[fx.Node]) -> bool:
+    """Whether one of ``readers`` (of ``node``) runs after an op that cannot share
+    ``node``'s kernel (a matmul, a custom op) and depends on ``node``: only
+    then does a realised value keep its buffer. Inductor's scheduler drops
+    a realised buffer whose readers all fused into the kernel that writes
+    it (a SiLU backward's sigmoid, read twice in one kernel, is realised
+    and never allocated)."""
+    position = {n: i for i, n in enumerate(node.graph.nodes)}
+    last = max((position[r] for r in readers), default=-1)
+    frontier = [(user, False) for user in node.users]
+    seen: set[tuple[fx.Node, bool]] = set()
+    while frontier:
+        current, past = frontier.pop()
+        if (current, past) in seen or position.get(current, last + 1) > last:
+            continue
+        seen.add((current, past))
+        if past and current in readers:
+            return True
+        boundary = current.op != "call_function" or not absorbs_producer(current)
+        frontier.extend((user, past or boundary) for user in current.users)
+    return False
+
+
+def inlined_reads(node: fx.Node, mode: Realization, memo: dict) -> tuple[frozenset[fx.Node], frozenset[str]]:
+    """The buffers a fused pointwise ``node`` reads where it is inlined (its
+    inputs, and through views and unmaterialised pointwise producers
+    theirs) and the names of the ops it inlines (``exp``, ``mul``, ...)."""
+    if node in memo:
+        return memo[node]
+    reads: set[fx.Node] = set()
+    ops = {_op_name(node)}
+    for arg in node.all_input_nodes:
+        source = arg
+        while source.op == "call_function" and is_view_op(source) and source.all_input_nodes:
+            source = source.all_input_nodes[0]
+        if source.op == "call_function" and is_pointwise(source) and not materialised(
+            source, source.users, mode, memo
+        ):
+            more, their_ops = inlined_reads(source, mode, memo)
+            reads |= more
+            ops |= their_ops
+        elif source.op == "placeholder" or source.all_input_nodes:
+            reads.add(source)
+        # else: a constant (``full``, ``iota``, ``scalar_tensor``): an
+        # index expression in the kernel, no buffer
+    memo[node] = (frozenset(reads), frozenset(ops))
+    return memo[node]
+
+
+def _op_name(node: fx.Node) -> str:
+    """``aten.exp.default`` -> ``exp``."""
+    packet = getattr(node.target, "_overloadpacket", None)
+    return getattr(packet, "__name__", str(node.target)).split(".")[-1]
+
+
+def _device_type(node: fx.Node) -> str:
+    value = node.meta.get("val")
+    device = getattr(value, "device", None)
+    return device.type if device is not None else "cpu"
 
 
 PLACED = "adacc_placed"

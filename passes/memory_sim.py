@@ -18,7 +18,9 @@ graph handed over, which count from the boundary while the backward holds
 them; the forward's user outputs count until the boundary.
 
 With ``mode=Realization.INDUCTOR`` a pointwise value fused into all its
-consumers allocates nothing (`fusion`), as in Inductor's generated code.
+consumers allocates nothing (`fusion`), as in Inductor's generated code,
+unless Inductor's lowering writes it anyway (several readers, many inlined
+reads or an exponential, a reader past a matmul: `fusion.realised_by_lowering`).
 
 A multi-output node's storages are kept by output position, ``None``
 outputs included (``convolution_backward`` returns ``(None, grad_w,
@@ -251,7 +253,8 @@ def _run_graph(
 ) -> dict[fx.Node, list[_Storage]]:
     """Allocates and frees storages in node order; returns node -> storages."""
     nodes = list(gm.graph.nodes)
-    runs_at = _kernel_positions(nodes, mode)
+    memo: dict = {}  # `fusion.inlined_reads` of this graph's nodes
+    runs_at = _kernel_positions(nodes, mode, memo)
     last_use: dict[fx.Node, int] = {}
     for index, node in enumerate(nodes):
         for arg in node.all_input_nodes:
@@ -267,7 +270,7 @@ def _run_graph(
             for storage in _real(storages[node]):
                 storage.refs += 1
         elif node.op == "call_function":
-            if is_view_op(node) or materialised(node, node.users, mode):
+            if is_view_op(node) or materialised(node, node.users, mode, memo):
                 storages[node] = _outputs_of(node, storages, is_activation(node))
             else:
                 storages[node] = []  # fused into its consumers
@@ -298,7 +301,7 @@ def _run_graph(
     return storages
 
 
-def _kernel_positions(nodes: list[fx.Node], mode: Realization) -> dict[fx.Node, int]:
+def _kernel_positions(nodes: list[fx.Node], mode: Realization, memo: dict) -> dict[fx.Node, int]:
     """Where each node's reads happen: its own position, except under
     Inductor for a value fused into the one op that reads it (through
     views), whose reads happen where that op's kernel runs. Inductor inlines
@@ -306,9 +309,10 @@ def _kernel_positions(nodes: list[fx.Node], mode: Realization) -> dict[fx.Node, 
     until that kernel runs: the SiLU backward's product reads the gate
     projection's gradient where the input gradient's kernel runs, after two
     weight-gradient matmuls, not where the product stands. A fused value
-    read by several ops keeps its own position: Inductor realises most of
-    those (a reused value with an exponential, or more than a few reads),
-    and the long chains of a residual stream's gradient are among them.
+    read by several ops keeps its own position: its readers share its
+    kernel, or Inductor writes it where one of them runs past a kernel
+    boundary (`fusion.realised_by_lowering`), as the long chains of a
+    residual stream's gradient.
     A view reads nothing (its base stays allocated while the view lives)."""
     position = {node: index for index, node in enumerate(nodes)}
     runs_at: dict[fx.Node, int] = {}
@@ -317,7 +321,7 @@ def _kernel_positions(nodes: list[fx.Node], mode: Realization) -> dict[fx.Node, 
         runs_at[node] = index
         if mode is not Realization.INDUCTOR or node.op != "call_function":
             continue
-        if not is_view_op(node) and not materialised(node, node.users, mode):
+        if not is_view_op(node) and not materialised(node, node.users, mode, memo):
             readers = _readers_through_views(node)
             if len(readers) == 1:
                 runs_at[node] = max(index, runs_at[readers[0]])
