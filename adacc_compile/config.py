@@ -163,8 +163,7 @@ class AdaccConfig:
     that move the model's cap until the split graphs' simulated activation
     peak is within the budget and no more than 3% under it
     (`passes.plan_search`); the cheapest plan tried that fits is used. 0
-    trusts the model's plan as it is. The re-solves share one
-    ``solver_time_limit_s`` between them: fitting stops when it is used."""
+    trusts the model's plan as it is."""
 
     inductor_buffer_reuse: bool = False
     """Let Inductor's generated code hand a freed buffer to a later

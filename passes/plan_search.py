@@ -13,7 +13,7 @@ split graphs simulated (`memory_sim`, which follows the generated code).
 Where that simulated peak is over the budget, or under it by more than
 `PEAK_FIT_TOLERANCE`, the model's cap moves by the difference and the MILP
 is solved again (at most ``peak_fit_solves`` times, each a split and a
-simulation, all within one solver time limit): the budget bounds what the step holds, not what the model
+simulation): the budget bounds what the step holds, not what the model
 says, both ways. Where no plan meets both caps of a ratio budget but
 plans within its peak exist, the boundary cap is relaxed to the least any
 of them holds (`_relax_boundary`); only a peak out of reach is clamped to
@@ -54,11 +54,6 @@ FIXED_PLANNERS = ("keep_all", "recompute_all")
 PEAK_FIT_TOLERANCE = 0.03
 """A simulated activation peak this far under the budget (as a share of
 it) is close enough: no further solve to raise the model's cap."""
-
-
-MIN_RESOLVE_SECONDS = 0.05
-"""Less solver time than this left for the fit's re-solves: stop fitting
-(a HiGHS run that short rarely improves on its start)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,18 +182,9 @@ def _fit_simulated_peak(
     bracket.add(target, first.timeline.activation_peak_bytes)
     fit_start = first_reduced if first.timeline.activation_peak_bytes <= target else None
     resolves = 0
-    # The re-solves together get at most one solver time limit
-    # (``options.time_limit_s``): fitting never multiplies the planning
-    # time the user capped.
-    solver_seconds = 0.0
     for _ in range(solves):
         cap = bracket.next_cap(tolerance)
         if cap is None:
-            break
-        remaining = options.time_limit_s - solver_seconds
-        if remaining < MIN_RESOLVE_SECONDS:
-            log.info("adacc: peak fit stops after %d re-solves: their solver time %.1fs used the %.1fs limit",
-                     resolves, solver_seconds, options.time_limit_s)
             break
         resolves += 1
         peak = bracket.last_peak
@@ -208,11 +194,10 @@ def _fit_simulated_peak(
         )
         reason = f"{where}; re-solving with the model's cap at {cap}"
         log.info("adacc: %s", reason)
-        start = dataclasses.replace(options, time_limit_s=remaining)
+        start = options
         if fit_start is not None and bracket.fit is not None and cap > bracket.fit[0]:
             start = with_start(options, fit_start, "the fitting plan at a lower cap")
         retry = _solve(reduction.problem, dataclasses.replace(budget, budget_bytes=cap), planner, start)
-        solver_seconds += retry.solve_seconds
         if retry.status == "infeasible" or (not retry.choices and reduction.problem.candidates):
             bracket.add(cap, None)  # nothing fits the model at that cap: never lower
             continue
