@@ -100,7 +100,7 @@ def materialised(
     """Does computing ``node`` (for ``consumers``) allocate its output?
 
     With ``memo`` (a dict kept for one unchanged graph: `inlined_reads`
-    caches there) the lowering's own rules apply too
+    and these answers are cached there) the lowering's own rules apply too
     (`realised_by_lowering`): the memory simulator uses them on the split
     graphs Inductor compiles. The plan's linear model does not: on the
     joint graph they realise a residual stream's sums every few layers
@@ -114,7 +114,12 @@ def materialised(
     consumers = list(consumers)
     if any(c.op == "output" for c in consumers) or not all(absorbs_producer(c) for c in consumers):
         return True
-    return memo is not None and realised_by_lowering(node, consumers, mode, memo)
+    if memo is None:
+        return False
+    key = ("realised", node, frozenset(consumers))
+    if key not in memo:
+        memo[key] = realised_by_lowering(node, consumers, mode, memo)
+    return memo[key]
 
 
 def realised_by_lowering(node: fx.Node, consumers: list[fx.Node], mode: Realization, memo: dict) -> bool:
