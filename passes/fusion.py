@@ -56,7 +56,7 @@ from adacc_compile import compat
 from .annotate import META_KEY, annotation, input_bytes
 from .compress_rewrite import DECOMPRESSED
 from .device_profile import DeviceProfile
-from .op_class import OpClass, classify, is_realize_op, is_view_op
+from .op_class import OpClass, classify, is_realize_op, is_view_op, op_name
 
 
 class Realization(str, enum.Enum):
@@ -99,8 +99,8 @@ def materialised(
 ) -> bool:
     """Does computing ``node`` (for ``consumers``) allocate its output?
 
-    With ``memo`` (a dict kept for one unchanged graph: `inlined_reads`
-    and these answers are cached there) the lowering's own rules apply too
+    With ``memo`` (a dict kept for one unchanged graph: `inlined_reads`,
+    these answers and the graph's node positions are cached there) the lowering's own rules apply too
     (`realised_by_lowering`): the memory simulator uses them on the split
     graphs Inductor compiles. The plan's linear model does not: on the
     joint graph they realise a residual stream's sums every few layers
@@ -138,17 +138,20 @@ def realised_by_lowering(node: fx.Node, consumers: list[fx.Node], mode: Realizat
     realised = (len(readers) > 1 and (len(reads) > limits.reuse_reads or bool(ops & limits.heavy_ops))) or (
         len(reads) > limits.accumulated_reads
     )
-    return realised and _read_past_a_kernel_boundary(node, readers)
+    if not realised:
+        return False
+    if "positions" not in memo:
+        memo["positions"] = {n: i for i, n in enumerate(node.graph.nodes)}
+    return _read_past_a_kernel_boundary(node, readers, memo["positions"])
 
 
-def _read_past_a_kernel_boundary(node: fx.Node, readers: set[fx.Node]) -> bool:
+def _read_past_a_kernel_boundary(node: fx.Node, readers: set[fx.Node], position: dict[fx.Node, int]) -> bool:
     """Whether one of ``readers`` (of ``node``) runs after an op that cannot share
     ``node``'s kernel (a matmul, a custom op) and depends on ``node``: only
     then does a realised value keep its buffer. Inductor's scheduler drops
     a realised buffer whose readers all fused into the kernel that writes
     it (a SiLU backward's sigmoid, read twice in one kernel, is realised
     and never allocated)."""
-    position = {n: i for i, n in enumerate(node.graph.nodes)}
     last = max((position[r] for r in readers), default=-1)
     frontier = [(user, False) for user in node.users]
     seen: set[tuple[fx.Node, bool]] = set()
@@ -171,7 +174,7 @@ def inlined_reads(node: fx.Node, mode: Realization, memo: dict) -> tuple[frozens
     if node in memo:
         return memo[node]
     reads: set[fx.Node] = set()
-    ops = {_op_name(node)}
+    ops = {op_name(node).rsplit(".", 1)[-1]}  # aten.exp -> exp
     for arg in node.all_input_nodes:
         source = arg
         while source.op == "call_function" and is_view_op(source) and source.all_input_nodes:
@@ -188,12 +191,6 @@ def inlined_reads(node: fx.Node, mode: Realization, memo: dict) -> tuple[frozens
         # index expression in the kernel, no buffer
     memo[node] = (frozenset(reads), frozenset(ops))
     return memo[node]
-
-
-def _op_name(node: fx.Node) -> str:
-    """``aten.exp.default`` -> ``exp``."""
-    packet = getattr(node.target, "_overloadpacket", None)
-    return getattr(packet, "__name__", str(node.target)).split(".")[-1]
 
 
 def _device_type(node: fx.Node) -> str:

@@ -42,9 +42,9 @@ def test_pointwise_returned_through_a_view_is_materialised():
     assert materialised(mul, mul.users, Realization.INDUCTOR)
 
 
-# A value ``v`` read by two ops: the product before a matmul, and the sum
-# after it (past the matmul, so not in the kernel that computes ``v``), or
-# both readers in one kernel. Inductor realises a value with more than one
+# A value ``v`` read by two ops: the product before a matmul, and the
+# product with the matmul's output (past the matmul, so not in the kernel
+# that computes ``v``), or both readers in one kernel. Inductor realises a value with more than one
 # reader whose inlined computation reads more than 4 buffers
 # (``realize_reads_threshold``), and keeps its buffer only when a reader
 # lies past a kernel boundary.
