@@ -45,7 +45,7 @@ from typing import Any, Sequence
 import torch
 
 from . import REGISTRY
-from .aten_graphs import packed_fields
+from .aten_graphs import nibble_bytes, packed_fields
 from .int_channel import (
     DTYPES,
     MIN_SCALE,
@@ -181,9 +181,9 @@ def _aten_compress(x: torch.Tensor) -> list[torch.Tensor]:
     flagged = aten_block_max(torch.where(ok, 0.0, 1.0)) > 0  # amax of 0/1: NaN never enters
     scale = _scales(peak, flagged)
     q = (xf / scale.abs().unsqueeze(1)).clamp(-float(QMAX), float(QMAX)).round()
-    q = torch.where(q != q, -QMAX - 1.0, q).to(torch.int32)  # exactly the NaN positions
+    q = torch.where(q != q, -QMAX - 1.0, q)  # exactly the NaN positions
     halves = q.view(q.shape[0], 2, HALF, channels)
-    packed = ((halves[:, 0] & 15) | ((halves[:, 1] & 15) << 4)).to(torch.uint8)
+    packed = nibble_bytes(halves[:, 0], halves[:, 1])
     return [packed.view(-1, channels), scale]
 
 

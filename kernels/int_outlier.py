@@ -82,7 +82,7 @@ import torch
 import torch.nn.functional as F
 
 from . import REGISTRY, aten_graphs
-from .aten_graphs import bfloat16_values, byte_values, int8_values, packed_fields
+from .aten_graphs import bfloat16_values, byte_values, int8_values, nibble_bytes, packed_fields
 from .codec import ApplyQuery, CodecStats
 from .oplib import (
     OpCodec,
@@ -443,12 +443,10 @@ def _aten_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
 
 def _aten_pack_halves(codes: torch.Tensor) -> torch.Tensor:
     """Float codes -8..7 ``[R, P]`` as int4 bytes ``[R, P / 2]``: the first
-    half of each row in the low nibbles, the second in the high ones. Two
-    contiguous reads per byte, in float (the nibble of a negative code is
-    code + 16), cast once."""
+    half of each row in the low nibbles, the second in the high ones (two
+    contiguous reads per byte, `aten_graphs.nibble_bytes`)."""
     half = codes.shape[1] // 2
-    low, high = codes[:, :half].to(torch.int32), codes[:, half:].to(torch.int32)
-    return ((low & 15) | ((high & 15) << 4)).to(torch.uint8)
+    return nibble_bytes(codes[:, :half], codes[:, half:])
 
 
 def _aten_unpack_halves(packed: torch.Tensor, group: int) -> torch.Tensor:

@@ -215,6 +215,25 @@ def test_pack_planes_is_plane_major_and_unpack_planes_inverts_it(shape, lanes: i
     assert torch.equal(unpack_planes(packed, shape), bits.int().view(shape))
 
 
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_nibble_bytes_pack_every_pair_of_int4_codes(lanes: int, monkeypatch) -> None:
+    """Every (low, high) pair of codes -8..7, eager and compiled by
+    Inductor: the low code's two's-complement nibble in bits 0-3, the
+    high one's in bits 4-7."""
+    from adacc_compile.kernels import aten_graphs
+    from adacc_compile.kernels.aten_graphs import nibble_bytes
+
+    monkeypatch.setattr(aten_graphs, "vector_lanes", lambda device: lanes)
+    codes = torch.arange(-8, 8)
+    low, high = (c.reshape(-1) for c in torch.meshgrid(codes, codes, indexing="ij"))
+    expected = ((low & 15) | ((high & 15) << 4)).to(torch.uint8)
+    assert torch.equal(nibble_bytes(low.float(), high.float()), expected)
+    graph = compat.trace_aten(lambda a, b: (nibble_bytes(a, b),), [low.float(), high.float()])
+    compiled = compat.inductor_compile_inference(graph, [low.float(), high.float()])
+    (packed,) = compiled(low.float(), high.float())
+    assert torch.equal(packed, expected)
+
+
 def test_bfloat16_values_are_exact() -> None:
     from adacc_compile.kernels.aten_graphs import bfloat16_values
 
