@@ -225,3 +225,33 @@ def test_value_read_by_a_fused_op_lives_until_the_kernel_it_joins():
     # Eagerly the product is a buffer of its own and v dies once it is made.
     assert live[Realization.EAGER]["mul"] == 4 + kib4 + kib4
     assert live[Realization.EAGER]["mm"] == 4 + kib4 + kib4
+
+
+def _sum_read_on_both_sides_of_a_matmul(a, w, w2):
+    # s reads two buffers and has two readers, one feeding a matmul and one
+    # after it: Inductor inlines s into both kernels, so the matmul output m
+    # stays allocated until the second one runs.
+    m = a @ w
+    s = a + m
+    p = (s * 2) @ w2
+    return (s * 3 + p,)
+
+
+def test_a_fused_value_read_by_several_kernels_keeps_its_inputs_until_the_last():
+    import torch._inductor.config as inductor_config
+
+    from adacc_compile.measure import measure_peak_bytes
+    from adacc_compile.passes.fusion import Realization
+
+    inputs = [torch.randn(256, 256) for _ in range(3)]
+    fw = make_fx(_sum_read_on_both_sides_of_a_matmul, tracing_mode="fake")(*inputs)
+    bw = make_fx(lambda: ())()
+    simulated = simulate_step(fw, bw, num_fwd_outputs=1, mode=Realization.INDUCTOR).peak_bytes
+    torch._dynamo.reset()
+    with inductor_config.patch({"allow_buffer_reuse": False, "inplace_buffers": False, "fx_graph_cache": False}):
+        compiled = torch.compile(_sum_read_on_both_sides_of_a_matmul, backend="inductor")
+        compiled(*inputs)
+        measured = measure_peak_bytes(lambda: compiled(*inputs))
+    buffer = 256 * 256 * 4
+    assert measured == 3 * buffer  # m, p and the result at the last kernel
+    assert simulated == measured
