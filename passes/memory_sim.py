@@ -51,7 +51,7 @@ from adacc_compile.compat import concrete_int
 from adacc_compile.kernels import Codec, available_codecs, get_codec
 
 from .compress_rewrite import DECOMPRESSED
-from .fusion import Realization, materialised
+from .fusion import Realization, absorbs_producer, materialised
 from .op_class import is_view_op
 
 
@@ -309,15 +309,20 @@ def _kernel_positions(nodes: list[fx.Node], mode: Realization, memo: dict) -> di
     until that kernel runs: the SiLU backward's product reads the gate
     projection's gradient where the input gradient's kernel runs, after two
     weight-gradient matmuls, not where the product stands. A fused value
-    read by several ops is computed again in each reader's kernel, so its
-    reads happen where the last of them runs: a Llama block's residual sum
-    recomputed in the RMSNorm backward keeps the attention projection's
-    output allocated until then (measured: the 1 MiB a 2-layer Llama's
-    step held above this model, before). The values Inductor writes
-    instead (`fusion.realised_by_lowering`) are materialised and read
-    where they stand.
+    read by several ops is computed again in each reader's kernel; a
+    reader that depends on a matmul run after the value cannot join an
+    earlier kernel, so the value's reads happen where the last such reader
+    runs: a Llama block's residual sum recomputed in the RMSNorm backward
+    (which waits for the MLP's input gradient) keeps the attention
+    projection's output allocated until then (measured: the 1 MiB a
+    2-layer Llama's step held above this model, before). Readers that wait
+    for nothing later may be fused into an earlier kernel and do not
+    extend the reads. The values Inductor writes instead
+    (`fusion.realised_by_lowering`) are materialised and read where they
+    stand.
     A view reads nothing (its base stays allocated while the view lives)."""
     position = {node: index for index, node in enumerate(nodes)}
+    waits_for = _last_kernel_boundary(nodes, position)
     runs_at: dict[fx.Node, int] = {}
     for node in reversed(nodes):
         index = position[node]
@@ -326,8 +331,26 @@ def _kernel_positions(nodes: list[fx.Node], mode: Realization, memo: dict) -> di
             continue
         if not is_view_op(node) and not materialised(node, node.users, mode, memo):
             readers = _readers_through_views(node)
+            if len(readers) > 1:  # recomputed where each reader held back by a later matmul runs
+                readers = [r for r in readers if waits_for[nodes[runs_at[r]]] > index]
             runs_at[node] = max([index, *(runs_at[r] for r in readers)])
     return runs_at
+
+
+def _last_kernel_boundary(nodes: list[fx.Node], position: dict[fx.Node, int]) -> dict[fx.Node, int]:
+    """Per node, the position of the latest op it depends on that no
+    kernel can absorb (a matmul, attention, a custom op; through fusible
+    ops and views), -1 for none: a kernel cannot run before that op, while
+    one that depends on nothing later than a value's own kernel may be
+    fused into it (Inductor's scheduler moves it up)."""
+    latest: dict[fx.Node, int] = {}
+    for node in nodes:
+        bound = -1
+        for arg in node.all_input_nodes:
+            fusible = arg.op == "call_function" and (is_view_op(arg) or absorbs_producer(arg))
+            bound = max(bound, latest.get(arg, -1) if fusible or arg.op != "call_function" else position[arg])
+        latest[node] = bound
+    return latest
 
 
 def _readers_through_views(node: fx.Node) -> list[fx.Node]:
