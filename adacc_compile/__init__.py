@@ -6,6 +6,10 @@ here; it loads on first use, so that registering the backend stays cheap."""
 
 from typing import Any
 
+from adacc_compile.source_tree import drop_source_root_from_path
+
+drop_source_root_from_path()  # the repo's kernels/ would shadow Hugging Face's kernels
+
 _ADAPTATION = ("current_plan", "plan_history", "replan")
 
 

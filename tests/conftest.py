@@ -8,6 +8,8 @@ import os
 import pytest
 import torch
 
+import adacc_compile  # noqa: F401  (first: drops the repo root, whose kernels/ shadows Hugging Face's)
+
 
 @pytest.fixture(autouse=True)
 def _fresh_compile_state():
