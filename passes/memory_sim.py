@@ -347,8 +347,10 @@ def _last_kernel_boundary(nodes: list[fx.Node], position: dict[fx.Node, int]) ->
     for node in nodes:
         bound = -1
         for arg in node.all_input_nodes:
-            fusible = arg.op == "call_function" and (is_view_op(arg) or absorbs_producer(arg))
-            bound = max(bound, latest.get(arg, -1) if fusible or arg.op != "call_function" else position[arg])
+            if arg.op == "call_function" and not (is_view_op(arg) or absorbs_producer(arg)):
+                bound = max(bound, position[arg])  # a boundary itself
+            else:
+                bound = max(bound, latest.get(arg, -1))  # fusible, or an input: what it waits for
         latest[node] = bound
     return latest
 
