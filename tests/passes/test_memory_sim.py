@@ -255,3 +255,32 @@ def test_a_fused_value_read_by_several_kernels_keeps_its_inputs_until_the_last()
     buffer = 256 * 256 * 4
     assert measured == 3 * buffer  # m, p and the result at the last kernel
     assert simulated == measured
+
+
+def _kernel_position_of_s(fn) -> tuple[int, int, dict]:
+    from adacc_compile.passes.fusion import Realization
+    from adacc_compile.passes.memory_sim import _kernel_positions
+
+    gm = make_fx(fn, tracing_mode="fake")(*[torch.randn(256, 256) for _ in range(3)])
+    nodes = list(gm.graph.nodes)
+    s = next(n for n in nodes if n.target == torch.ops.aten.add.Tensor)
+    return nodes.index(s), _kernel_positions(nodes, Realization.INDUCTOR, {})[s], {n.name: i for i, n in enumerate(nodes)}
+
+
+def test_a_fused_values_reads_extend_only_to_readers_that_wait_for_a_later_matmul():
+    def late(a, w, w2):  # the second reader's kernel needs p
+        m = a @ w
+        s = a + m
+        p = (s * 2) @ w2
+        return (s * 3 + p,)
+
+    def early(a, w, w2):  # the second reader needs nothing after s: Inductor fuses it with the first
+        m = a @ w
+        s = a + m
+        p = (s * 2) @ w2
+        return (s * 3, p)
+
+    own, runs, position = _kernel_position_of_s(late)
+    assert runs == position["add_1"] > own  # where s * 3 + p is computed
+    own, runs, _ = _kernel_position_of_s(early)
+    assert runs == own
