@@ -188,8 +188,13 @@ def _module_path(node: fx.Node) -> str:
     stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
     if not stack:
         return ""
-    _key, (path, _type) = list(stack.items())[-1]
-    return _clean_path(str(path))
+    paths = [str(path) for path, _type in stack.values()]
+    # A module that is not an attribute of the model (a module-level
+    # instance, as transformers >= 5.25 wraps functions such as
+    # `apply_rotary_pos_emb` for its kernel hub) enters Dynamo's stack as a
+    # global, ``G['...']``: its ops belong to the model module that calls it.
+    owned = [p for p in paths if not p.startswith("G[")]
+    return _clean_path(owned[-1] if owned else paths[-1])
 
 
 def _clean_path(path: str) -> str:

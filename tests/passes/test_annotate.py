@@ -105,3 +105,43 @@ def test_attention_probabilities_are_softmax_outputs():
     assert classes["aten._safe_softmax.default"] is OpClass.SOFTMAX
     assert classes["aten._softmax.default"] is OpClass.SOFTMAX
     assert classes["aten._log_softmax.default"] is OpClass.SOFTMAX
+
+
+class _Rotate(torch.nn.Module):
+    """A module that is no attribute of the model, called by one of its
+    blocks (transformers >= 5.25 wraps `apply_rotary_pos_emb` so)."""
+
+    def forward(self, x):
+        return torch.cat([-x[..., 2:], x[..., :2]], dim=-1) * 1.5
+
+
+ROTATE = _Rotate()
+
+
+def test_a_module_level_module_belongs_to_the_block_that_calls_it():
+    from adacc_compile import compat
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return ROTATE(self.lin(x)).relu()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Block(), Block()])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x.sum()
+
+    joint = compat.capture_joint_graph(Net(), [torch.randn(2, 4)]).gm
+    annotate(joint, PROFILE)
+    cats = [n for n in joint.graph.nodes if n.op == "call_function" and annotation(n).op == "aten.cat"]
+    stacks = [[str(path) for path, _ in (n.meta.get("nn_module_stack") or {}).values()] for n in cats]
+    assert len(cats) == 2 and all(s and s[-1].startswith("G[") for s in stacks), stacks  # the case under test
+    assert [annotation(n).layer for n in cats] == ["layers.0", "layers.1"]
