@@ -263,7 +263,7 @@ def aten_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
         # formats already (e4m3fn: ±448; e5m2: ±Inf) and keeps a NaN's
         # sign: one select makes every NaN the positive NaN code.
         scaled = torch.where(v != v, float("nan"), v * _pow2(-s)[:, None])
-        return [scaled.to(fmt.torch_dtype).view(torch.uint8).reshape(x.shape), _pow2(s)]
+        return [scaled.reshape(x.shape).to(fmt.torch_dtype).view(torch.uint8), _pow2(s)]
     code = _aten_encode(torch.where(ok, v, 0.0) * _pow2(-s)[:, None], fmt)
     special = torch.where(
         v != v, float(fmt.nan_code), torch.where(v > 0, float(fmt.pos_inf_code), float(fmt.neg_inf_code))
