@@ -55,26 +55,44 @@ def test_placeholders_cost_nothing_and_side_is_set():
             assert ann.side == "forward"
 
 
+class _Rotate(torch.nn.Module):
+    """A module that is no attribute of the model, called by one of its
+    blocks (transformers >= 5.25 wraps `apply_rotary_pos_emb` so)."""
+
+    def forward(self, x):
+        return torch.cat([-x[..., 2:], x[..., :2]], dim=-1) * 1.5
+
+
+ROTATE = _Rotate()
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, rotate: bool):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.rotate = rotate
+
+    def forward(self, x):
+        y = self.lin(x)
+        return (ROTATE(y) if self.rotate else y).relu()
+
+
+class _Net(torch.nn.Module):
+    """Two blocks in ``layers``; returns a scalar with ``loss``."""
+
+    def __init__(self, *, rotate: bool = False, loss: bool = False):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Block(rotate), _Block(rotate)])
+        self.loss = loss
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x.sum() if self.loss else x
+
+
 def test_layer_from_module_stack():
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            return self.lin(x).relu()
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = torch.nn.ModuleList([Block(), Block()])
-
-        def forward(self, x):
-            for layer in self.layers:
-                x = layer(x)
-            return x
-
-    gm = torch.export.export(Net(), (torch.randn(2, 4),)).module()
+    gm = torch.export.export(_Net(), (torch.randn(2, 4),)).module()
     layers = set()
     for node in gm.graph.nodes:
         if node.op == "call_function":
@@ -107,39 +125,10 @@ def test_attention_probabilities_are_softmax_outputs():
     assert classes["aten._log_softmax.default"] is OpClass.SOFTMAX
 
 
-class _Rotate(torch.nn.Module):
-    """A module that is no attribute of the model, called by one of its
-    blocks (transformers >= 5.25 wraps `apply_rotary_pos_emb` so)."""
-
-    def forward(self, x):
-        return torch.cat([-x[..., 2:], x[..., :2]], dim=-1) * 1.5
-
-
-ROTATE = _Rotate()
-
-
 def test_a_module_level_module_belongs_to_the_block_that_calls_it():
     from adacc_compile import compat
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            return ROTATE(self.lin(x)).relu()
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = torch.nn.ModuleList([Block(), Block()])
-
-        def forward(self, x):
-            for layer in self.layers:
-                x = layer(x)
-            return x.sum()
-
-    joint = compat.capture_joint_graph(Net(), [torch.randn(2, 4)]).gm
+    joint = compat.capture_joint_graph(_Net(rotate=True, loss=True), [torch.randn(2, 4)]).gm
     annotate(joint, PROFILE)
     cats = [n for n in joint.graph.nodes if n.op == "call_function" and annotation(n).op == "aten.cat"]
     stacks = [[str(path) for path, _ in (n.meta.get("nn_module_stack") or {}).values()] for n in cats]
