@@ -118,6 +118,16 @@ def graph_outputs(gm: fx.GraphModule) -> list[fx.Node]:
 # load is the fast one, so 8-bit fields are read plainly there.
 
 
+def written(value: torch.Tensor) -> torch.Tensor:
+    """``value``, which Inductor writes once to a buffer that its readers
+    load (`compat.realize_op`), instead of inlining its computation into
+    each of them: for a small per-channel factor read by a loop over every
+    element, such as a reciprocal, that is one division per channel
+    instead of one per element. ``value`` itself where the op is missing."""
+    op = compat.realize_op()
+    return value if op is None else op(value, list(value.stride()))
+
+
 def vector_lanes(device: torch.device) -> int:
     """float32 lanes per vector of the code Inductor generates for
     ``device``: 16 on a CPU whose ATen capability is AVX512 (Inductor picks

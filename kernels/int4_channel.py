@@ -24,12 +24,16 @@ MLP down projections, inside the declared bound; its float32 scales cost
 1/8 byte per element (0.625 bytes in all, int4_outlier 0.59).
 
 Codes: ``scale = max(m / L, 2^-126)`` with m the block's largest finite |x|
-in that channel and L = 7, and ``code = round_half_even(clamp(x / scale,
--7, 7))``. NaN and ±Inf: a (block, channel) holding one is flagged by the
+in that channel and L = 7, and ``code = round_half_even(clamp(x * (1 /
+scale), -7, 7))``. NaN and ±Inf: a (block, channel) holding one is flagged by the
 sign of its scale and quantises with L = 6, so that its codes 7 and -7 are
-free for ±Inf (an infinite quotient clamps there by itself); NaN is -8
-(never a finite code). Only flagged blocks lose a level. As in
-`int8_channel`, division keeps torch, Inductor and Triton bit-exact.
+free for ±Inf (an infinite product clamps there by itself); NaN is -8
+(never a finite code). Only flagged blocks lose a level. The reciprocal
+is computed once per block and channel, correctly rounded on every path
+(torch, Inductor, Triton's ``div_rn``), and the product is one float32
+multiply: the three stay bit-exact, and the codes loop multiplies instead
+of dividing each element (a vector division cost more than the rest of
+that loop on AVX512, measured in `bench/RESULTS.md`).
 
 Error: each code is within half a step (m / 14, m / 12 when flagged) of its
 value, so the relative error can never exceed sqrt(32) / 12 = 0.47. Measured
@@ -45,7 +49,7 @@ from typing import Any, Sequence
 import torch
 
 from . import REGISTRY
-from .aten_graphs import nibble_bytes, packed_fields
+from .aten_graphs import nibble_bytes, packed_fields, written
 from .int_channel import (
     DTYPES,
     MIN_SCALE,
@@ -119,7 +123,7 @@ def torch_int4_channel_compress(x: torch.Tensor) -> list[torch.Tensor]:
         del nonfinite
     scale = _scales(peak, flagged)
     for view, part in row_blocks(xf, BLOCK_ROWS):
-        view.div_(scale[part].abs().unsqueeze(1)).clamp_(-QMAX, QMAX).round_()
+        view.mul_(scale[part].abs().reciprocal().unsqueeze(1)).clamp_(-QMAX, QMAX).round_()
     codes = xf.to(torch.int8)  # |code| <= QMAX: exact
     del xf
     if not finite:
@@ -180,7 +184,7 @@ def _aten_compress(x: torch.Tensor) -> list[torch.Tensor]:
     peak = aten_block_max(torch.where(ok, a, 0.0))
     flagged = aten_block_max(torch.where(ok, 0.0, 1.0)) > 0  # amax of 0/1: NaN never enters
     scale = _scales(peak, flagged)
-    q = (xf / scale.abs().unsqueeze(1)).clamp(-float(QMAX), float(QMAX)).round()
+    q = (xf * written(1.0 / scale.abs()).unsqueeze(1)).clamp(-float(QMAX), float(QMAX)).round()
     q = torch.where(q != q, -QMAX - 1.0, q)  # exactly the NaN positions
     halves = q.view(q.shape[0], 2, HALF, channels)
     packed = nibble_bytes(halves[:, 0], halves[:, 1])
@@ -222,8 +226,8 @@ def _load_half(x_ptr, rows, cols, R, C, stride_r, stride_c):
 
 
 @triton_jit
-def _codes(x, magnitude, QMAX_: tl.constexpr):
-    y = tl.math.div_rn(x, magnitude[None, :])
+def _codes(x, inverse, QMAX_: tl.constexpr):
+    y = x * inverse[None, :]
     y = tl.minimum(tl.maximum(y, -QMAX_ * 1.0), QMAX_ * 1.0)
     # Adding then subtracting 1.5 * 2^23 rounds float32 |y| < 2^22 to nearest
     # even, like torch.round (libdevice rint is not available in the interpreter).
@@ -245,7 +249,8 @@ def _compress_kernel(
     flagged = tl.maximum(bad_a, bad_b) > 0
     limit = tl.where(flagged, QMAX_ - 1.0, QMAX_ * 1.0)
     magnitude = tl.maximum(tl.math.div_rn(tl.maximum(peak_a, peak_b), limit), MIN_SCALE_)
-    byte = (_codes(x_a, magnitude, QMAX_) & 15) | ((_codes(x_b, magnitude, QMAX_) & 15) << 4)
+    inverse = tl.math.div_rn(1.0, magnitude)
+    byte = (_codes(x_a, inverse, QMAX_) & 15) | ((_codes(x_b, inverse, QMAX_) & 15) << 4)
     out_rows = (tl.program_id(0) * HALF_ + tl.arange(0, HALF_)).to(tl.int64)
     tl.store(code_ptr + out_rows[:, None] * C + cols[None, :], byte.to(tl.uint8), mask=cmask[None, :])
     tl.store(scale_ptr + tl.program_id(0) * C + cols, tl.where(flagged, -magnitude, magnitude), mask=cmask)

@@ -10,8 +10,8 @@ instead. Outliers stop mattering by construction: activation outliers live in
 channels (a few channels 10-100x larger than the rest), and every channel has
 its own scales, so a strong channel never costs its neighbours resolution.
 And every step is vertical: a block's maxima are an elementwise maximum over
-its rows, vectorised over channels, and its codes one division by the
-block's row of scales, elementwise.
+its rows, vectorised over channels, and its codes one product with the
+reciprocals of the block's row of scales, elementwise.
 
 Layout: ``x`` is viewed as R rows x C channels (C = last dim; a 0-d tensor is
 1 x 1), with B = 64 rows per block and N = ceil(R / B) blocks. The payload::
@@ -25,15 +25,18 @@ that, but a bfloat16 row broadcast over a block's rows is a gather in
 Inductor's C++, which leaves the decompress loop scalar: 24x slower, measured).
 
 Codes: ``scale = max(m / 126, 2^-126)`` with m the block's largest finite
-|x| in that channel, and ``code = round_half_even(clamp(x / scale, -127, 127))``:
+|x| in that channel, and ``code = round_half_even(clamp(x * (1 / scale), -127, 127))``:
 finite values land in -126..126, so the codes -128, -127 and 127 are free
 for NaN, -Inf and +Inf, in every block, with no flag and no extra byte
-(an infinite quotient clamps to ±127 by itself; NaN is one select). Giving
+(an infinite product clamps to ±127 by itself; NaN is one select). Giving
 up one level of 127 costs 0.8% of the resolution. The floor keeps the
 reciprocal of a scale finite; a block whose values are all below
 126 * 2^-126 (1.5e-36) in magnitude is stored at that resolution.
-Division, not a multiply by a reciprocal: it is exactly rounded wherever it
-runs, so torch, Inductor and Triton give the same codes bit for bit.
+The reciprocal is computed once per block and channel and correctly
+rounded wherever it runs (torch, Inductor, Triton's ``div_rn``), and the
+product is one float32 multiply, so the three give the same codes bit for
+bit; a division per element cost more than the rest of the codes loop in
+Inductor's AVX512 code (`bench/RESULTS.md`).
 
 Error: in one (block, channel) of n <= 64 values with largest magnitude m,
 each code is within half a step (m / 252) of its value, so the relative
@@ -56,7 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from . import REGISTRY
-from .aten_graphs import int8_values
+from .aten_graphs import int8_values, written
 from .codec import ApplyQuery
 from .int_outlier import ACTIVATION_PRODUCERS
 from .oplib import (
@@ -162,7 +165,7 @@ def torch_int8_channel_compress(x: torch.Tensor) -> list[torch.Tensor]:
         del nonfinite
     scale = scales_of(peak)
     for view, blocks in row_blocks(xf):
-        view.div_(scale[blocks].unsqueeze(1)).clamp_(-QMAX, QMAX).round_()
+        view.mul_(scale[blocks].reciprocal().unsqueeze(1)).clamp_(-QMAX, QMAX).round_()
     codes = xf.to(torch.int8)  # |code| <= QMAX: exact
     del xf
     if not finite:
@@ -229,7 +232,7 @@ def _aten_compress(x: torch.Tensor) -> list[torch.Tensor]:
     a = xf.abs()
     scale = scales_of(aten_block_max(torch.where(a < float("inf"), a, 0.0)))
     # ±Inf divide to ±Inf and clamp to the ±Inf codes; NaN stays NaN.
-    q = (xf / scale.unsqueeze(1)).clamp(-QMAX - 1.0, QMAX + 1.0).round()
+    q = (xf * written(1.0 / scale).unsqueeze(1)).clamp(-QMAX - 1.0, QMAX + 1.0).round()
     codes = torch.where(q != q, -QMAX - 2.0, q).to(torch.int8)
     return [codes.view(-1, channels)[:rows], scale]
 
@@ -269,7 +272,7 @@ def _compress_kernel(
     a = tl.abs(x)
     amax = tl.max(tl.where(a < float("inf"), a, 0.0), axis=0)
     scale = tl.maximum(tl.math.div_rn(amax, QMAX_ * 1.0), MIN_SCALE_)
-    y = tl.math.div_rn(x, scale[None, :])
+    y = x * tl.math.div_rn(1.0, scale)[None, :]
     y = tl.minimum(tl.maximum(y, -QMAX_ - 1.0), QMAX_ + 1.0)
     # Adding then subtracting 1.5 * 2^23 rounds float32 |y| < 2^22 to nearest
     # even, like torch.round (libdevice rint is not available in the interpreter).
