@@ -24,16 +24,17 @@ MLP down projections, inside the declared bound; its float32 scales cost
 1/8 byte per element (0.625 bytes in all, int4_outlier 0.59).
 
 Codes: ``scale = max(m / L, 2^-126)`` with m the block's largest finite |x|
-in that channel and L = 7, and ``code = round_half_even(clamp(x * (1 /
-scale), -7, 7))``. NaN and ±Inf: a (block, channel) holding one is flagged by the
-sign of its scale and quantises with L = 6, so that its codes 7 and -7 are
-free for ±Inf (an infinite product clamps there by itself); NaN is -8
-(never a finite code). Only flagged blocks lose a level. The reciprocal
-is computed once per block and channel, correctly rounded on every path
-(torch, Inductor, Triton's ``div_rn``), and the product is one float32
-multiply: the three stay bit-exact, and the codes loop multiplies instead
-of dividing each element (a vector division cost more than the rest of
-that loop on AVX512, measured in `bench/RESULTS.md`).
+in that channel and L = 7, and
+``code = round_half_even(clamp(x * (1 / scale), -7, 7))``. NaN and ±Inf:
+a (block, channel) holding one is flagged by the sign of its scale and
+quantises with L = 6, so that its codes 7 and -7 are free for ±Inf (an
+infinite product clamps there by itself); NaN is -8 (never a finite
+code). Only flagged blocks lose a level. The reciprocal is computed once
+per block and channel, correctly rounded on every path (torch, Inductor,
+Triton's ``div_rn``), and the product is one float32 multiply: the three
+stay bit-exact, and the codes loop multiplies instead of dividing each
+element (a vector division cost more than the rest of that loop on
+AVX512, measured in `bench/RESULTS.md`).
 
 Error: each code is within half a step (m / 14, m / 12 when flagged) of its
 value, so the relative error can never exceed sqrt(32) / 12 = 0.47. Measured

@@ -231,7 +231,7 @@ def _aten_compress(x: torch.Tensor) -> list[torch.Tensor]:
     xf = blocked(x.reshape(rows, channels).float())
     a = xf.abs()
     scale = scales_of(aten_block_max(torch.where(a < float("inf"), a, 0.0)))
-    # ±Inf divide to ±Inf and clamp to the ±Inf codes; NaN stays NaN.
+    # ±Inf times a (finite) reciprocal stay ±Inf and clamp to the ±Inf codes; NaN stays NaN.
     q = (xf * written(1.0 / scale).unsqueeze(1)).clamp(-QMAX - 1.0, QMAX + 1.0).round()
     codes = torch.where(q != q, -QMAX - 2.0, q).to(torch.int8)
     return [codes.view(-1, channels)[:rows], scale]
