@@ -313,3 +313,24 @@ def test_interpreted_non_contiguous_and_op_path(name: str, monkeypatch: pytest.M
     packed = codec.compress(x)
     assert _same_payload(packed.payload, ref)
     assert _same(codec.decompress(packed), torch_decompress(ref, x.shape, x.dtype))
+
+
+@pytest.mark.parametrize("name", ["int8_channel", "int4_channel"])
+def test_compiled_codes_loop_multiplies_by_reciprocals(name: str, monkeypatch) -> None:
+    """Inductor's compress has one division, the scale's (per block and
+    channel): the codes loop multiplies by the scales' reciprocals instead
+    of dividing each element (the division form had two or three). That
+    the reciprocals are written once (`aten_graphs.written`) rather than
+    recomputed in the loop is not visible in this count."""
+    from torch._inductor.utils import run_and_get_code
+
+    from adacc_compile import compat
+
+    monkeypatch.setenv("ADACC_KERNELS", "torch")
+    codec = get_codec(name)
+    x = torch.randn(256, 128, generator=torch.Generator().manual_seed(8))
+    graph = compat.trace_aten(lambda v: tuple(codec.aten_compress(v)), [x])
+    payload, codes = run_and_get_code(lambda: compat.inductor_compile_inference(graph, [x])(x))
+    assert _same_payload(list(payload), codec.compress(x).payload)
+    divisions = sum(code.count(" / ") for code in codes)
+    assert divisions == 1, divisions  # the scale's; the reciprocal is a `reciprocal()`
