@@ -29,7 +29,7 @@ REGISTRY = CodecRegistry()
 # Each codec module registers its codecs into REGISTRY on import.
 # (codec modules are imported below, one line per group)
 from . import bitmask, fp8, softmax_u8  # noqa: E402,F401
-from . import int_outlier, int_channel, int4_channel, fewbit  # noqa: E402,F401
+from . import int_outlier, int_channel, int4_channel, fewbit, int8_smooth  # noqa: E402,F401
 
 
 def available_codecs() -> list[str]:

@@ -153,10 +153,27 @@ class Codec:
     def decompress(self, packed: Packed) -> torch.Tensor:
         raise NotImplementedError
 
-    def calibrate(self, samples: Sequence[torch.Tensor]) -> CodecStats:
+    def calibrate(self, samples: Sequence[torch.Tensor], parameters: torch.Tensor | None = None) -> CodecStats:
+        """Round-trips the samples; ``parameters``: what
+        `calibration_parameters` measured (codecs that take none ignore it)."""
         raise NotImplementedError
 
-    def aten_compress(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def calibration_parameters(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Parameters of this codec measured on a real value ``x``, or None
+        (the default: the codec takes none).
+
+        Why: a statistic that the compress would otherwise take from the
+        value on every call (which channels are outliers, for instance)
+        costs a full pass over it before the first code can be written.
+        Measured once on the calibration batch instead
+        (`adacc_compile.passes.calibrate`), it enters the compiled graph as
+        a constant and the compress reads the value once. The tensor's
+        shape and dtype depend on ``x``'s shape and dtype only (one trace
+        serves every value alike); `aten_compress` takes it as
+        ``parameters``."""
+        return None
+
+    def aten_compress(self, x: torch.Tensor, parameters: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Compress written as plain, functional torch ops for Inductor.
 
         What a compiled graph runs: the graph rewrite traces it into aten
@@ -166,7 +183,12 @@ class Codec:
         constant from ops or Python scalars (no ``torch.tensor`` of Python
         data: a traced graph holds no tensor constants), and avoid what
         Inductor compiles badly (see `adacc_compile.kernels.aten_graphs`).
-        The default calls the custom op, which stays opaque to Inductor."""
+        ``parameters``: what `calibration_parameters` measured, or None
+        (the compress then measures them on ``x`` itself, as the custom op
+        does). The default calls the custom op, which stays opaque to
+        Inductor."""
+        if parameters is not None:
+            raise ValueError(f"{self.name}: takes no calibrated parameters")
         return list(self.compress_op(x))
 
     def aten_decompress(

@@ -585,19 +585,25 @@ class OpCodec(Codec):
             raise ValueError(f"{self.name}: cannot decompress a {packed.codec!r} payload")
         return self.decompress_op(list(packed.payload), list(packed.shape), packed.dtype)
 
-    def calibrate(self, samples: Sequence[torch.Tensor]) -> CodecStats:
+    def calibrate(self, samples: Sequence[torch.Tensor], parameters: torch.Tensor | None = None) -> CodecStats:
         """Round-trips each sample; reports abs max, relative error and SQNR.
 
         ``relative_error`` is the Frobenius error over all samples together
         (finite positions only); ``extra`` holds ``sqnr_db``, the worst
-        per-sample relative error and the non-finite fraction.
+        per-sample relative error and the non-finite fraction. With
+        ``parameters`` (`Codec.calibration_parameters`), the samples go
+        through the aten form with them: what a compiled graph runs.
         """
         signal = noise = 0.0
         worst = 0.0
         abs_max = 0.0
         nonfinite = total = 0
         for x in samples:
-            x_hat = self.decompress(self.compress(x))
+            if parameters is None:
+                x_hat = self.decompress(self.compress(x))
+            else:
+                payload = self.aten_compress(x.detach(), parameters.to(x.device))
+                x_hat = self.aten_decompress(payload, list(x.shape), x.dtype)
             finite = torch.isfinite(x)
             ref = torch.where(finite, x, 0).double()
             err = torch.where(finite, x_hat.to(x.device), 0).double() - ref

@@ -1,7 +1,7 @@
 """Tests for kernels/oplib.py: kernel choice, validation, op registration.
 
 Also hosts ``test_codec_kernels_in_interpreter``, which runs the Triton tier
-of the bitmask / fp8 / softmax_u8 / int8_channel tests (``-k interpreted``) in one fresh
+of the bitmask / fp8 / softmax_u8 / int8_channel / int8_smooth tests (``-k interpreted``) in one fresh
 process with ``TRITON_INTERPRET=1`` -- see the docstring of test_bitmask.py
 for why that needs a fresh process.
 """
@@ -36,7 +36,7 @@ from adacc_compile.kernels.oplib import (
 )
 
 HERE = Path(__file__).parent
-CODEC_TEST_FILES = ["test_bitmask.py", "test_fp8.py", "test_softmax_u8.py", "test_int_channel.py"]
+CODEC_TEST_FILES = ["test_bitmask.py", "test_fp8.py", "test_softmax_u8.py", "test_int_channel.py", "test_int8_smooth.py"]
 INTERPRETED = oplib.is_interpreted(bitmask._bitmask_pack_kernel)
 
 
