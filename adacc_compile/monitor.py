@@ -19,7 +19,7 @@ host once per check; the measured overhead is in bench/results/adaptive.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -69,6 +69,11 @@ class ActivationMonitor:
     primals: list[fx.Node]
     forward: list[fx.Node]
     references: dict[str, ValueReference]
+    parameters: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Value -> the calibrated parameters its compiled compress holds
+    (`Calibration.codec_parameters`): the monitor measures the error with
+    them, not with parameters measured afresh on the new batch, so factors
+    that no longer fit the activations show up as drift."""
 
     @staticmethod
     def from_state(state: PartitionState) -> "ActivationMonitor | None":
@@ -82,7 +87,13 @@ class ActivationMonitor:
         gm = state.joint
         primals = [n for n in gm.graph.nodes if n.op == "placeholder" and compat.is_primal(n)]
         forward = [n for n in gm.graph.nodes if n in state.info.forward_nodes and n.op != "placeholder"]
-        return ActivationMonitor(joint=gm, primals=primals, forward=forward, references=references)
+        measured = state.calibration.codec_parameters() if state.calibration is not None else {}
+        parameters = {
+            name: measured[(name, ref.codec)] for name, ref in references.items() if (name, ref.codec) in measured
+        }
+        return ActivationMonitor(
+            joint=gm, primals=primals, forward=forward, references=references, parameters=parameters
+        )
 
     def observe(self, real_inputs: Sequence[Any]) -> list[ValueObservation]:
         nodes = {n.name: n for n in self.forward}
@@ -93,7 +104,9 @@ class ActivationMonitor:
             if not isinstance(value, torch.Tensor):
                 return
             ref = self.references[node.name]
-            stats = get_codec(ref.codec).calibrate([row_sample(value)])
+            codec, parameters = get_codec(ref.codec), self.parameters.get(node.name)
+            sample = row_sample(value)
+            stats = codec.calibrate([sample]) if parameters is None else codec.calibrate([sample], parameters)
             out.append(ValueObservation(
                 value=node.name, codec=ref.codec, error=stats.relative_error,
                 abs_max=stats.abs_max, outlier_channels=tuple(stats.outlier_channels),

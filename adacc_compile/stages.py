@@ -178,6 +178,7 @@ def plan_stage(state: PartitionState) -> None:
         mode=state.mode,
         charged_inputs=charged_inputs(state),
         fold=state.fold,
+        codec_parameters=state.calibration.codec_parameters() if state.calibration is not None else {},
     )
     outcome = search_plan(
         context, state.candidates, state.reduction, state.budget,

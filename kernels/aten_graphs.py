@@ -16,6 +16,9 @@ graph's fake tensors belong to the mode it was traced under).
 
 A traced graph holds no tensor constants (every codec builds its constants
 from ops such as ``arange``), so splicing it needs nothing but its nodes.
+Parameters measured by calibration (`Codec.calibration_parameters`) are not
+constants of the trace either: the compress graph then takes them as a
+second input, which the rewrite binds to a constant of the compiled graph.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from .codec import Codec
 class CodecGraphs:
     """The two traced graphs of one codec on one kind of value.
 
-    ``compress``: ``(x) -> payload`` (a tuple of tensors);
+    ``compress``: ``(x) -> payload`` (a tuple of tensors), or
+    ``(x, parameters) -> payload`` when traced with parameters;
     ``decompress``: ``(*payload) -> (x_hat,)`` (for a DERIVATIVE codec, the
     derivative).
     """
@@ -47,14 +51,16 @@ class CodecGraphs:
     decompress: fx.GraphModule
 
 
-_Key = tuple[str, tuple[int, ...], tuple[int, ...], torch.dtype, str]
+_Key = tuple[str, tuple[int, ...], tuple[int, ...], torch.dtype, str, bool]
 _TRACED: "weakref.WeakKeyDictionary[Any, dict[_Key, CodecGraphs]]" = weakref.WeakKeyDictionary()
 """Fake mode -> traces made under it (dropped with the mode)."""
 
 
-def codec_graphs(codec: Codec, example: torch.Tensor) -> CodecGraphs:
+def codec_graphs(codec: Codec, example: torch.Tensor, parameters: torch.Tensor | None = None) -> CodecGraphs:
     """The aten graphs of ``codec`` for values like ``example`` (a fake or
-    real tensor; only its metadata is read).
+    real tensor; only its metadata is read); with ``parameters`` (a tensor
+    like those `Codec.calibration_parameters` returns, only its metadata
+    read), the compress takes them as its second input.
 
     Raises:
         ValueError: the codec's reference produced a graph that cannot be
@@ -66,21 +72,28 @@ def codec_graphs(codec: Codec, example: torch.Tensor) -> CodecGraphs:
         tuple(int(s) for s in example.stride()),
         example.dtype,
         str(example.device),
+        parameters is not None,
     )
     mode = compat.ambient_fake_mode([example])
     cache = _TRACED.setdefault(mode, {}) if mode is not None else {}
     if key not in cache:
-        cache[key] = _trace(codec, example)
+        cache[key] = _trace(codec, example, parameters)
     return cache[key]
 
 
-def _trace(codec: Codec, example: torch.Tensor) -> CodecGraphs:
+def _trace(codec: Codec, example: torch.Tensor, parameters: torch.Tensor | None) -> CodecGraphs:
     shape, dtype = [int(s) for s in example.shape], example.dtype
 
-    def compress(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(codec.aten_compress(x))
+    if parameters is None:
+        def compress(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return tuple(codec.aten_compress(x))
 
-    compress_gm = compat.trace_aten(compress, [example])
+        compress_gm = compat.trace_aten(compress, [example])
+    else:
+        def compress_with(x: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return tuple(codec.aten_compress(x, p))
+
+        compress_gm = compat.trace_aten(compress_with, [example, parameters])
     payload = [node.meta["val"] for node in graph_outputs(compress_gm)]
 
     def decompress(*parts: torch.Tensor) -> tuple[torch.Tensor]:

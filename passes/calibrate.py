@@ -15,6 +15,10 @@ every lossy option of every candidate is round-tripped on its real value
 (`Codec.calibrate`, on up to `SAMPLE_ELEMENTS` elements of whole rows); an
 option whose measured error exceeds the codec's declared bound is dropped
 before the MILP sees it, and the statistics (error, SQNR, abs max, outlier channels) go into the plan and ``plan.json``.
+A codec that takes parameters (`Codec.calibration_parameters`: int8_smooth's
+channel factors) has them measured here on the whole value, and its error
+measured with them; the compress rewrite puts them into the compiled graph
+as constants (`Calibration.codec_parameters`).
 
 When there are no real inputs (planning under fake tensors, e.g. the
 LLM-scale benchmark), or the inputs do not line up with the graph's primals,
@@ -66,11 +70,17 @@ class OptionCalibration:
     declared_bound: float
     accepted: bool
     reason: str = ""
+    parameters: torch.Tensor | None = None
+    """What `Codec.calibration_parameters` measured on the whole value (on
+    the CPU: it travels between ranks pickled), for codecs that take
+    parameters; the compiled graph holds it as a constant."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"codec": self.codec, "accepted": self.accepted, "declared_bound": self.declared_bound}
         if self.reason:
             out["reason"] = self.reason
+        if self.parameters is not None:
+            out["parameters_shape"] = list(self.parameters.shape)
         if self.stats is not None:
             out["relative_error"] = _finite_or_str(self.stats.relative_error)
             out["abs_max"] = _finite_or_str(self.stats.abs_max)
@@ -92,6 +102,16 @@ class Calibration:
     @property
     def rejected(self) -> list[OptionCalibration]:
         return [o for per in self.options.values() for o in per.values() if not o.accepted]
+
+    def codec_parameters(self) -> dict[tuple[str, str], torch.Tensor]:
+        """(value, codec) -> the parameters measured for that option, for
+        every accepted option of a codec that takes parameters."""
+        return {
+            (value, codec): o.parameters
+            for value, per in self.options.items()
+            for codec, o in per.items()
+            if o.accepted and o.parameters is not None
+        }
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -198,9 +218,18 @@ def row_sample(x: torch.Tensor, max_elements: int = SAMPLE_ELEMENTS) -> torch.Te
 
 
 def _measure(value: str, codec_name: str, x: torch.Tensor) -> OptionCalibration:
+    """One option on one real value. A codec that takes parameters has them
+    measured on the whole value and its error measured with them, as the
+    compiled graph will run it."""
     codec = get_codec(codec_name)
+    parameters = None
     try:
-        stats = codec.calibrate([row_sample(x)])
+        parameters = codec.calibration_parameters(x)
+        if parameters is None:
+            stats = codec.calibrate([row_sample(x)])
+        else:
+            parameters = parameters.detach().to("cpu").contiguous()
+            stats = codec.calibrate([row_sample(x)], parameters)
     except Exception as exc:  # noqa: BLE001 - a codec that fails here is simply not offered
         return OptionCalibration(
             value=value, codec=codec_name, stats=None, declared_bound=codec.error_bound,
@@ -211,7 +240,7 @@ def _measure(value: str, codec_name: str, x: torch.Tensor) -> OptionCalibration:
     reason = "" if accepted else f"measured error {error:.4g} > declared bound {codec.error_bound}"
     return OptionCalibration(
         value=value, codec=codec_name, stats=stats, declared_bound=codec.error_bound,
-        accepted=accepted, reason=reason,
+        accepted=accepted, reason=reason, parameters=parameters,
     )
 
 

@@ -86,12 +86,24 @@ RoundTrip = tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]
 
 def compiled_round_trip(codec: Codec, sample: torch.Tensor) -> RoundTrip:
     """(compress, decompress) of ``codec``'s aten form, each compiled by
-    Inductor for values like ``sample``; decompress takes the payload tuple."""
-    graphs = codec_graphs(codec, sample)
-    compress = compat.inductor_compile_inference(graphs.compress, [sample])
-    payload = tuple(codec.aten_compress(sample))
+    Inductor for values like ``sample``; decompress takes the payload tuple.
+
+    A codec that takes calibrated parameters is timed with them (measured
+    on ``sample``): the form a calibrated plan runs. Planned without real
+    inputs, its compress measures them itself, one more pass than timed."""
+    parameters = codec.calibration_parameters(sample)
+    if parameters is None:
+        graphs = codec_graphs(codec, sample)
+        compress = compat.inductor_compile_inference(graphs.compress, [sample])
+        payload = tuple(codec.aten_compress(sample))
+        run_compress = lambda x: tuple(compress(x))  # noqa: E731
+    else:
+        graphs = codec_graphs(codec, sample, parameters)
+        compress = compat.inductor_compile_inference(graphs.compress, [sample, parameters])
+        payload = tuple(codec.aten_compress(sample, parameters))
+        run_compress = lambda x: tuple(compress(x, parameters))  # noqa: E731
     decompress = compat.inductor_compile_inference(graphs.decompress, list(payload))
-    return (lambda x: tuple(compress(x))), (lambda p: decompress(*p)[0])  # graphs return tuples
+    return run_compress, (lambda p: decompress(*p)[0])  # graphs return tuples
 
 
 def custom_op_round_trip(codec: Codec, sample: torch.Tensor) -> RoundTrip:

@@ -21,6 +21,12 @@ For a compressed value ``v`` (codec ``c``):
   decompress is placed right before the first backward node that reads
   ``v``; every reader (including recomputations that start from ``v``)
   reads the decompressed ``v_hat`` instead;
+* a codec with calibrated parameters (`Codec.calibration_parameters`:
+  int8_smooth's channel factors, measured on the real value by
+  `calibrate`) gets them as a constant of the forward graph (a buffer of
+  the module, read by a ``get_attr`` node named ``v_<codec>_parameters``),
+  so its compress need not measure them on every step; without
+  calibration it measures them itself;
 * few-bit activation codecs decompress to the activation's derivative, so
   each ``gelu_backward(grad, v)`` / ``silu_backward(grad, v)`` becomes
   ``grad * v_hat``.
@@ -49,7 +55,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Mapping
 
 import torch
 import torch.fx as fx
@@ -90,7 +96,10 @@ def apply_compression(
     *,
     num_fwd_outputs: int,
     realize: bool = False,
+    parameters: Mapping[tuple[str, str], torch.Tensor] | None = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Inserts the plan's codecs (see the module docstring); ``parameters``:
+    (value, codec) -> calibrated parameters (`Calibration.codec_parameters`)."""
     compressed = {n: c.codec for n, c in solution.choices.items() if c.decision is Decision.COMPRESS}
     if not compressed:
         return fw_module, bw_module
@@ -108,7 +117,9 @@ def apply_compression(
         form = graph_form(codec, fake.dtype, fake.device.type)
         if form is GraphForm.ATEN:
             read = _written_once(fw.graph, value) if realize else value
-            payload = _splice_compress(fw.graph, read, codec, value_name=value.name)
+            measured = (parameters or {}).get((name, codec_name))
+            constant = None if measured is None else _parameters_constant(fw, read, measured, codec, value_name=value.name)
+            payload = _splice_compress(fw.graph, read, codec, value_name=value.name, parameters=constant)
         else:
             payload = _insert_compress(fw.graph, value, codec)
         index = next(i for i, o in enumerate(outputs) if i >= num_fwd_outputs and o is value)
@@ -166,10 +177,44 @@ def _written_once(graph: fx.Graph, value: fx.Node) -> fx.Node:
     return written
 
 
-def _splice_compress(graph: fx.Graph, value: fx.Node, codec: Codec, *, value_name: str) -> list[fx.Node]:
-    traced = codec_graphs(codec, value.meta["val"]).compress
+def _splice_compress(
+    graph: fx.Graph, value: fx.Node, codec: Codec, *, value_name: str, parameters: fx.Node | None = None
+) -> list[fx.Node]:
+    """The codec's traced compress spliced in right after ``value``; it
+    also reads ``parameters`` (a constant node) when given."""
+    if parameters is None:
+        traced = codec_graphs(codec, value.meta["val"]).compress
+        inputs = [value]
+    else:
+        traced = codec_graphs(codec, value.meta["val"], parameters.meta["val"]).compress
+        inputs = [value, parameters]
     tag = CodecNode(codec.name, value_name, "compress")
-    return _splice(graph, traced, [value], value.next, prefix=f"{value_name}_{codec.name}_c", tag=tag)
+    return _splice(graph, traced, inputs, value.next, prefix=f"{value_name}_{codec.name}_c", tag=tag)
+
+
+def _parameters_constant(
+    gm: fx.GraphModule, value: fx.Node, measured: torch.Tensor, codec: Codec, *, value_name: str
+) -> fx.Node:
+    """``measured`` as a buffer of ``gm`` on ``value``'s device, read by a
+    ``get_attr`` node right before ``value`` and lifted into the graph by
+    ``aten.lift_fresh_copy``, as AOTAutograd does a tensor constant: the
+    fake-tensor passes of Inductor accept a real tensor only through that
+    op. Returns the lifted node (its fake value from ``value``'s fake
+    mode)."""
+    fake = value.meta["val"]
+    name = f"{value_name}_{codec.name}_parameters"
+    with compat.real_tensors():  # the partitioner runs under AOTAutograd's fake mode
+        tensor = measured.detach().to(fake.device).contiguous()
+    gm.register_buffer(name, tensor)
+    with gm.graph.inserting_before(value):
+        constant = gm.graph.get_attr(name)
+        node = gm.graph.call_function(torch.ops.aten.lift_fresh_copy.default, (constant,))
+    node.name = name + "_lifted"
+    mode = compat.ambient_fake_mode([fake])
+    for n in (constant, node):
+        n.meta["val"] = mode.from_tensor(tensor, static_shapes=True) if mode is not None else tensor
+        n.meta[CODEC_NODE] = CodecNode(codec.name, value_name, "compress")
+    return node
 
 
 def _insert_compress(graph: fx.Graph, value: fx.Node, codec: Codec) -> list[fx.Node]:

@@ -27,9 +27,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
 
+import torch
 import torch.fx as fx
 
 from adacc_compile import compat
@@ -68,6 +69,10 @@ class SplitContext:
     fold: DepthFold | None = None
     """Depth folding: the split graphs' timeline is extended to the deep
     step's (`depth_fold`)."""
+    codec_parameters: Mapping[tuple[str, str], torch.Tensor] = field(default_factory=dict)
+    """(value, codec) -> parameters calibration measured for that option
+    (`Calibration.codec_parameters`); the compress rewrite makes them
+    constants of the forward graph."""
 
     @property
     def forward_names(self) -> set[str]:
@@ -377,7 +382,8 @@ def _split(
     saved = saved_values_for(context.joint, context.info, candidates, solution)
     fw, bw = split_joint_graph(context.joint, context.info, saved, num_fwd_outputs=context.num_fwd_outputs)
     fw, bw = apply_compression(
-        fw, bw, solution, num_fwd_outputs=context.num_fwd_outputs, realize=context.mode is Realization.INDUCTOR
+        fw, bw, solution, num_fwd_outputs=context.num_fwd_outputs, realize=context.mode is Realization.INDUCTOR,
+        parameters=context.codec_parameters,
     )
     timeline = simulate_step(
         fw, bw, num_fwd_outputs=context.num_fwd_outputs, forward_names=context.forward_names,

@@ -178,3 +178,41 @@ def test_calibration_does_not_depend_on_the_rng_state_at_compile_time():
         plan = partitioner.reports[-1]["plan"]
         measured.append([(r["name"], r["calibration"]) for r in plan if r.get("calibration")])
     assert measured[0] and measured[0] == measured[1]
+
+
+def test_parameterised_codec_is_measured_with_its_parameters():
+    """A codec that takes parameters has them measured on the whole value
+    (kept on the CPU: they travel between ranks pickled) and its error
+    measured through its aten form with them, as the compiled graph runs it."""
+    from adacc_compile.passes.calibrate import _measure, row_sample
+
+    codec = get_codec("int8_smooth")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 64, generator=gen)
+    x[:, 5] *= 50.0  # an outlier channel
+    measured = _measure("v", "int8_smooth", x)
+    assert measured.accepted and measured.parameters is not None
+    assert measured.parameters.device.type == "cpu"
+    assert torch.equal(measured.parameters, codec.calibration_parameters(x))
+    assert measured.parameters[5] > 1 and (measured.parameters == 1).sum() == 63
+    sample = row_sample(x)
+    restored = codec.aten_decompress(codec.aten_compress(sample, measured.parameters), list(sample.shape), x.dtype)
+    error = float((restored.double() - sample.double()).norm() / sample.double().norm())
+    assert measured.stats.relative_error == pytest.approx(error, rel=1e-6)
+    assert measured.to_json()["parameters_shape"] == [64]
+
+
+def test_codec_parameters_lists_accepted_parameterised_options_only():
+    from adacc_compile.passes.calibrate import Calibration, OptionCalibration
+
+    def option(codec, accepted, parameters):
+        return OptionCalibration(
+            value="v", codec=codec, stats=None, declared_bound=0.1, accepted=accepted, parameters=parameters
+        )
+
+    factors = torch.ones(4)
+    calibration = Calibration(used=True, reason="", options={
+        "a": {"int8_smooth": option("int8_smooth", True, factors), "int8_channel": option("int8_channel", True, None)},
+        "b": {"int8_smooth": option("int8_smooth", False, factors)},
+    })  # fmt: skip
+    assert calibration.codec_parameters() == {("a", "int8_smooth"): factors}
