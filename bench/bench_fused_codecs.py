@@ -29,6 +29,12 @@ the value at the machine's copy bandwidth), timed in the same rounds. The
 standalone column times the codec's two compiled graphs alone, on their
 own inputs (an upper bound: nothing to fuse with).
 
+A codec that takes calibrated parameters (int8_smooth's channel factors)
+gets two rows: under its name with the parameters measured on the value
+beforehand and passed into the graph (a calibrated plan holds them as a
+constant), and ``(parameters per call)`` with its compress measuring them
+on every call (a plan made without real inputs).
+
 Producers and readers, per the codecs' ``applies`` checks:
 
     bitmask        dropout mask (rand > p); reader grad * mask
@@ -169,13 +175,24 @@ class Graphs:
     copy: Callable[[], object]
 
 
-def build_graphs(codec: Codec, rows: int, cols: int, dtype: torch.dtype) -> Graphs:
+def build_graphs(codec: Codec, rows: int, cols: int, dtype: torch.dtype, *, calibrated: bool = True) -> Graphs:
+    """The graphs of one codec. A codec that takes calibrated parameters
+    gets them measured on the value and passed in as a graph input (what a
+    calibrated plan's constant is to the kernels), unless ``calibrated`` is
+    False: its compress then measures them itself, as in a plan made
+    without real inputs."""
     scenario = scenario_of(codec.name)
     inputs = inputs_of(codec.name, rows, cols, dtype)
     out, value = scenario.produce(*inputs)
     shape, vdtype = list(value.shape), value.dtype
     grad = torch.randn(value.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
-    payload = tuple(codec.aten_compress(value))
+    parameters = codec.calibration_parameters(value) if calibrated else None
+    extra = () if parameters is None else (parameters,)
+
+    def aten_compress(v, *p):
+        return codec.aten_compress(v, *p)
+
+    payload = tuple(aten_compress(value, *extra))
 
     def restore(g, *parts):
         restored = codec.aten_decompress(list(parts), shape, vdtype)
@@ -192,8 +209,8 @@ def build_graphs(codec: Codec, rows: int, cols: int, dtype: torch.dtype) -> Grap
         return lambda: run(*args)
 
     def compress_forward(*a):
-        out, v = scenario.produce(*a)
-        return (out, *codec.aten_compress(v))
+        out, v = scenario.produce(*a[: len(inputs)])
+        return (out, *aten_compress(v, *a[len(inputs) :]))
 
     def keep_forward(*a):
         out, v = scenario.produce(*a)
@@ -201,10 +218,10 @@ def build_graphs(codec: Codec, rows: int, cols: int, dtype: torch.dtype) -> Grap
 
     return Graphs(
         keep_forward=compiled(keep_forward, *inputs),
-        compress_forward=compiled(compress_forward, *inputs),
+        compress_forward=compiled(compress_forward, *inputs, *extra),
         keep_backward=compiled(lambda v, g: scenario.read(scenario.load(v), g), scenario.store(value), grad),
         restore_backward=compiled(restore, grad, *payload),
-        standalone_compress=compiled(lambda v: codec.aten_compress(v), value),
+        standalone_compress=compiled(lambda v, *p: aten_compress(v, *p), value, *extra),
         standalone_decompress=compiled(lambda *p: codec.aten_decompress(list(p), shape, vdtype), *payload),
         copy=lambda: value.clone(),
     )
@@ -238,13 +255,25 @@ def _timed(fn: Callable[[], object], inner: int) -> float:
     return (time.perf_counter() - start) / inner
 
 
+#: Row label of a parameterised codec whose compress measures its parameters itself.
+PER_CALL = " (parameters per call)"
+
+
 def run(names: list[str], rows: int, cols: int, dtype: torch.dtype, repeats: int, min_time: float) -> list[Result]:
+    """Every codec of ``names``; a codec taking calibrated parameters twice:
+    with them (its name) and measuring them per call (`PER_CALL`)."""
     cases = {}
+    labels = {}
     for name in names:
         codec = get_codec(name)
-        case_dtype = dtype
-        cases[name] = build_graphs(codec, rows, cols, case_dtype)
+        cases[name] = build_graphs(codec, rows, cols, dtype)
+        labels[name] = name
         print(f"compiled {name}", file=sys.stderr, flush=True)
+        probe = scenario_of(name).produce(*inputs_of(name, 2, cols, dtype))[1]
+        if codec.calibration_parameters(probe) is not None:
+            cases[name + PER_CALL] = build_graphs(codec, rows, cols, dtype, calibrated=False)
+            labels[name + PER_CALL] = name
+    names = list(cases)
     fields = ("keep_forward", "compress_forward", "keep_backward", "restore_backward",
               "standalone_compress", "standalone_decompress", "copy")
     fns = {name: {f: getattr(g, f) for f in fields} for name, g in cases.items()}
@@ -268,9 +297,9 @@ def run(names: list[str], rows: int, cols: int, dtype: torch.dtype, repeats: int
         decompress = [r - k for r, k in zip(t["restore_backward"], t["keep_backward"])]
         ratios = [(c + d) / copy for c, d, copy in zip(compress, decompress, t["copy"])]
         quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-        value = scenario_of(name).produce(*inputs_of(name, rows, cols, dtype))[1]
+        value = scenario_of(labels[name]).produce(*inputs_of(labels[name], rows, cols, dtype))[1]
         results.append(Result(
-            codec=name, value=scenario_of(name).label, dtype=str(value.dtype).removeprefix("torch."),
+            codec=name, value=scenario_of(labels[name]).label, dtype=str(value.dtype).removeprefix("torch."),
             shape=tuple(value.shape), copy_ms=1e3 * med["copy"],
             compress_added_ms=1e3 * statistics.median(compress),
             decompress_added_ms=1e3 * statistics.median(decompress),
