@@ -528,6 +528,24 @@ def realize_op() -> Any:
     return None if packet is None else packet.default
 
 
+def tensor_constant(gm: fx.GraphModule, name: str, tensor: torch.Tensor, before: fx.Node) -> fx.Node:
+    """``tensor`` as buffer ``name`` of ``gm``, read into the graph right
+    before ``before`` as AOTAutograd reads a tensor constant: a ``get_attr``
+    node lifted by ``aten.lift_fresh_copy``, the one op through which the
+    fake-tensor passes Inductor runs on a partitioned graph accept a real
+    tensor (any other op on it fails under their fake mode). Returns the
+    lifted node; both nodes get a fake value of ``before``'s fake mode."""
+    gm.register_buffer(name, tensor)
+    with gm.graph.inserting_before(before):
+        constant = gm.graph.get_attr(name)
+        lifted = gm.graph.call_function(torch.ops.aten.lift_fresh_copy.default, (constant,))
+    lifted.name = f"{name}_lifted"
+    mode = ambient_fake_mode([before.meta.get("val")])
+    for node in (constant, lifted):
+        node.meta["val"] = mode.from_tensor(tensor, static_shapes=True) if mode is not None else tensor
+    return lifted
+
+
 # --------------------------------------------------------------------------
 # order pinning and process groups (recompute inside communication windows)
 # --------------------------------------------------------------------------

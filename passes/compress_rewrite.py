@@ -195,24 +195,13 @@ def _splice_compress(
 def _parameters_constant(
     gm: fx.GraphModule, value: fx.Node, measured: torch.Tensor, codec: Codec, *, value_name: str
 ) -> fx.Node:
-    """``measured`` as a buffer of ``gm`` on ``value``'s device, read by a
-    ``get_attr`` node right before ``value`` and lifted into the graph by
-    ``aten.lift_fresh_copy``, as AOTAutograd does a tensor constant: the
-    fake-tensor passes of Inductor accept a real tensor only through that
-    op. Returns the lifted node (its fake value from ``value``'s fake
-    mode)."""
-    fake = value.meta["val"]
-    name = f"{value_name}_{codec.name}_parameters"
+    """``measured`` as a constant of ``gm`` on ``value``'s device, read
+    right before ``value`` (`compat.tensor_constant`); returns the node
+    that holds it."""
     with compat.real_tensors():  # the partitioner runs under AOTAutograd's fake mode
-        tensor = measured.detach().to(fake.device).contiguous()
-    gm.register_buffer(name, tensor)
-    with gm.graph.inserting_before(value):
-        constant = gm.graph.get_attr(name)
-        node = gm.graph.call_function(torch.ops.aten.lift_fresh_copy.default, (constant,))
-    node.name = name + "_lifted"
-    mode = compat.ambient_fake_mode([fake])
-    for n in (constant, node):
-        n.meta["val"] = mode.from_tensor(tensor, static_shapes=True) if mode is not None else tensor
+        tensor = measured.detach().to(value.meta["val"].device).contiguous()
+    node = compat.tensor_constant(gm, f"{value_name}_{codec.name}_parameters", tensor, before=value)
+    for n in (node, *node.all_input_nodes):
         n.meta[CODEC_NODE] = CodecNode(codec.name, value_name, "compress")
     return node
 
