@@ -25,7 +25,8 @@ from adacc_compile import compat
 from adacc_compile.kernels import ApplyQuery, get_codec, int8_smooth
 from adacc_compile.kernels.oplib import error_stats, is_interpreted
 
-from .test_int_outlier import _same, _same_payload, llm_like, realistic_activations
+from .test_int_channel import INTERPRETER_CASES
+from .test_int_outlier import _data, _same, _same_payload, llm_like, realistic_activations
 
 NAME = "int8_smooth"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -41,20 +42,6 @@ interpreted = pytest.mark.skipif(
     not is_interpreted(int8_smooth._compress_kernel),
     reason="needs TRITON_INTERPRET=1 at import; run by test_oplib.py::test_codec_kernels_in_interpreter",
 )
-
-
-def _data(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0, specials: bool = True) -> torch.Tensor:
-    """Gaussian with two strong channels, and NaN, ±Inf, -0.0 planted when there is room."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=g)
-    if x.dim() >= 1 and x.shape[-1] > 4:
-        x[..., 2] *= 25
-        x[..., -1] *= -12
-    x = x.to(dtype)
-    if specials and x.numel() > 6:
-        flat = x.view(-1)
-        flat[1], flat[3], flat[4], flat[5] = float("nan"), float("inf"), float("-inf"), -0.0
-    return x
 
 
 def _smoothed_error(x: torch.Tensor, out: torch.Tensor, factors: torch.Tensor) -> float:
@@ -433,12 +420,6 @@ def test_ops_compile_without_graph_breaks() -> None:
 # ---------------------------------------------------------------- Triton tier
 
 
-#: Every layout for float32; the conversions for the half types on two shapes.
-INTERPRETER_CASES = [
-    (torch.float32, [(0, 7), (3, 0), (), (1,), (7,), (3, 33), (2, 333), (2, 3, 65), (130, 70)]),
-    (torch.float16, [(3, 33), (70, 65)]),
-    (torch.bfloat16, [(3, 33), (70, 65)]),
-]
 
 
 @interpreted
