@@ -32,16 +32,21 @@ reads "n/a".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import datetime
 import json
 import os
 import pathlib
 import platform
+import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -52,6 +57,8 @@ from adacc_compile.kernels import available_codecs, get_codec
 from adacc_compile.kernels.aten_graphs import codec_graphs
 from adacc_compile.kernels.oplib import is_interpreted, triton_available
 from adacc_examples.models import GPT, GPTConfig, Llama, LlamaConfig, count_parameters, gpt_batch, init_weights
+
+LOCK_ENV = "ADACC_GPU_CHECK_LOCK"
 
 # --------------------------------------------------------------------------
 # sizes
@@ -97,6 +104,7 @@ class Report:
     """Markdown + JSON under ``out``, rewritten after every section."""
 
     out: pathlib.Path
+    stem: str = "gpu_check"
     sections: list[str] = dataclasses.field(default_factory=list)
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -105,9 +113,12 @@ class Report:
         if key is not None:
             self.data[key] = value
         print(markdown, flush=True)
+        self.write()
+
+    def write(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "gpu_check.md").write_text("\n\n".join(self.sections) + "\n")
-        (self.out / "gpu_check.json").write_text(json.dumps(self.data, indent=1, default=str))
+        (self.out / f"{self.stem}.md").write_text("\n\n".join(self.sections) + "\n")
+        (self.out / f"{self.stem}.json").write_text(json.dumps(self.data, indent=1, default=str))
 
 
 def machine_line(device: torch.device) -> str:
@@ -119,6 +130,29 @@ def machine_line(device: torch.device) -> str:
         triton = triton.__version__
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"{stamp}, {device.type} ({name}), torch {torch.__version__}, triton {triton}, {torch.get_num_threads()} CPU threads"
+
+
+@contextlib.contextmanager
+def measuring() -> Iterator[None]:
+    """Holds the GPU for one measurement: with ``--jobs`` > 1 the codec
+    section and each model run in their own processes, which compile side
+    by side on the CPUs but take turns at timing and peak measurement
+    (an exclusive lock on the file named by env ``ADACC_GPU_CHECK_LOCK``)."""
+    path = os.environ.get(LOCK_ENV)
+    if not path:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 # --------------------------------------------------------------------------
@@ -196,9 +230,12 @@ class CodecCheck:
     triton_decompress: float | None
     inductor_compress: float
     inductor_decompress: float
+    error: str | None = None
 
     @property
     def faster(self) -> str:
+        if self.error is not None:
+            return "n/a"
         if self.triton_compress is None or self.triton_decompress is None:
             return "inductor (only form timed)"
         triton = 1 / self.triton_compress + 1 / self.triton_decompress  # in copy times
@@ -229,23 +266,26 @@ def check_codec(name: str, shape: tuple[int, int], device: torch.device, inner: 
     payload = list(compress(x))
     (restored,) = decompress(*reference)
     inductor = [same(p, q) for p, q in zip(payload, reference)] + [same(restored, expected)]
-    copy = device_seconds(lambda: x.clone(), device, inner=inner)
-    timings: dict[str, float | None] = {
-        "inductor_compress": copy / device_seconds(lambda: compress(x), device, inner=inner),
-        "inductor_decompress": copy / device_seconds(lambda: decompress(*reference), device, inner=inner),
-        "triton_compress": None,
-        "triton_decompress": None,
-    }
     triton_verdict = "n/a (no Triton here)"
-    if triton_runs_here(device):
+    triton = triton_runs_here(device)
+    if triton:
         os.environ["ADACC_KERNELS"] = "triton"
         t_payload = list(codec.compress_op(x))
         t_restored = codec.decompress_op(reference, dims, x.dtype)
         triton_verdict = _verdict([same(p, q) for p, q in zip(t_payload, reference)] + [same(t_restored, expected)])
-        timings["triton_compress"] = copy / device_seconds(lambda: codec.compress_op(x), device, inner=inner)
-        timings["triton_decompress"] = copy / device_seconds(
-            lambda: codec.decompress_op(reference, dims, x.dtype), device, inner=inner
-        )
+    with measuring():
+        copy = device_seconds(lambda: x.clone(), device, inner=inner)
+        timings: dict[str, float | None] = {
+            "inductor_compress": copy / device_seconds(lambda: compress(x), device, inner=inner),
+            "inductor_decompress": copy / device_seconds(lambda: decompress(*reference), device, inner=inner),
+            "triton_compress": None,
+            "triton_decompress": None,
+        }
+        if triton:
+            timings["triton_compress"] = copy / device_seconds(lambda: codec.compress_op(x), device, inner=inner)
+            timings["triton_decompress"] = copy / device_seconds(
+                lambda: codec.decompress_op(reference, dims, x.dtype), device, inner=inner
+            )
     os.environ["ADACC_KERNELS"] = "auto"
     return CodecCheck(
         codec=name,
@@ -255,6 +295,21 @@ def check_codec(name: str, shape: tuple[int, int], device: torch.device, inner: 
         copy_gbps=2 * x.numel() * x.element_size() / copy / 1e9,
         **timings,  # type: ignore[arg-type]
     )
+
+
+def check_codec_or_error(name: str, shape: tuple[int, int], device: torch.device, inner: int) -> CodecCheck:
+    """`check_codec`, or a row that says why it failed: one codec's failure
+    must not cost the rest of a run on a borrowed GPU."""
+    try:
+        return check_codec(name, shape, device, inner)
+    except Exception as exc:  # noqa: BLE001  (reported in the table)
+        traceback.print_exc()
+        os.environ["ADACC_KERNELS"] = "auto"
+        return CodecCheck(
+            codec=name, dtype="", triton_vs_reference="", inductor_vs_reference="", copy_gbps=float("nan"),
+            triton_compress=None, triton_decompress=None, inductor_compress=float("nan"),
+            inductor_decompress=float("nan"), error=one_line(exc),
+        )
 
 
 def codec_table(checks: Sequence[CodecCheck]) -> str:
@@ -267,6 +322,9 @@ def codec_table(checks: Sequence[CodecCheck]) -> str:
         "|---|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for c in checks:
+        if c.error is not None:
+            rows.append(f"| {c.codec} | failed: {c.error.replace('|', '/')} |  |  |  |  |  |  |  |  |")
+            continue
         rows.append(
             f"| {c.codec} | {c.dtype} | {c.triton_vs_reference} | {c.inductor_vs_reference} | {c.copy_gbps:.0f} "
             f"| {fmt(c.triton_compress)} | {fmt(c.triton_decompress)} | {fmt(c.inductor_compress)} "
@@ -314,7 +372,13 @@ def model_section(
     cfg = sizes.gpt if name == "gpt" else sizes.llama
     start = time.perf_counter()
     results = run_variants(
-        model, batches, model_variants(budgets, device_profile), timing_repeats=sizes.timing_repeats, device=device.type
+        model,
+        batches,
+        model_variants(budgets, device_profile),
+        timing_repeats=sizes.timing_repeats,
+        device=device.type,
+        measuring=measuring,
+        keep_going=True,
     )
     dtype = next(model.parameters()).dtype
     head = (
@@ -335,20 +399,92 @@ def model_section(
 # --------------------------------------------------------------------------
 
 
+def model_section_or_error(
+    name: str, sizes: Sizes, device: torch.device, budgets: Sequence[float], device_profile: str
+) -> tuple[str, Any]:
+    """`model_section`, or a heading that says why it failed."""
+    try:
+        return model_section(name, sizes, device, budgets, device_profile)
+    except Exception as exc:  # noqa: BLE001  (reported in the output)
+        traceback.print_exc()
+        return f"### {name}: failed: {one_line(exc)}", {"error": one_line(exc)}
+
+
+def codec_section(names: Sequence[str], sizes: Sizes, device: torch.device, in_time: Callable[..., bool]) -> tuple[str, Any]:
+    inner = 20 if device.type == "cuda" else 3
+    checks = [check_codec_or_error(name, sizes.codec_shape, device, inner) for name in names if in_time(f"codec {name}")]
+    shape = "x".join(map(str, sizes.codec_shape))
+    markdown = (
+        f"## Codec kernels ({shape})\n\nTriton / Inductor columns: copy time / codec time (1.00 = as fast as "
+        f"copying the value).\n\n" + codec_table(checks)
+    )
+    return markdown, [dataclasses.asdict(c) | {"faster": c.faster} for c in checks]
+
+
+def run_parts_side_by_side(args: argparse.Namespace, argv: Sequence[str], report: Report, started: float) -> list[str]:
+    """The codec section and each model in a process of its own (``--part``):
+    they compile side by side on the CPUs and take turns at the GPU for
+    every measurement (`measuring`). Each part's output goes to
+    ``<out>/parts/<part>.log``; a part still running ``--hard-stop-s``
+    after the start is killed and reported as such. Returns what was
+    skipped or stopped."""
+    out = pathlib.Path(args.out)
+    parts_dir = out / "parts"
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    lock = tempfile.NamedTemporaryFile(prefix="gpu_check_", suffix=".lock", delete=False)
+    lock.close()
+    env = {**os.environ, LOCK_ENV: lock.name, "PYTHONUNBUFFERED": "1"}
+    parts = (["codecs"] if args.codecs != [] else []) + list(args.models)
+    running: dict[str, subprocess.Popen[bytes]] = {}
+    for part in parts:
+        with open(parts_dir / f"{part}.log", "wb") as log:
+            command = [sys.executable, str(pathlib.Path(__file__).resolve()), *argv,
+                       "--jobs", "1", "--part", part, "--out", str(parts_dir)]
+            running[part] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    missing: list[str] = []
+    for part, process in running.items():
+        try:
+            process.wait(timeout=max(1.0, started + args.hard_stop_s - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        markdown, data = parts_dir / f"{part}.md", parts_dir / f"{part}.json"
+        if data.exists():
+            values = json.loads(data.read_text())
+            report.sections.append(markdown.read_text().strip())
+            report.data.update({k: v for k, v in values.items() if k != "skipped"})
+            missing.extend(values.get("skipped", []))
+            report.write()
+        else:
+            missing.append(f"{part} (exit code {process.returncode}; see parts/{part}.log)")
+        markdown.unlink(missing_ok=True)
+        data.unlink(missing_ok=True)
+    os.unlink(lock.name)
+    return missing
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CPU is fine)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="output folder (default: $OUT or .)")
-    parser.add_argument("--codecs", nargs="*", default=None, help="subset of codecs (default: all)")
+    parser.add_argument("--codecs", nargs="*", default=None, help="subset of codecs (default: all; none: skip them)")
     parser.add_argument("--models", nargs="*", default=["gpt", "llama"], choices=["gpt", "llama"],
                         help="models to train (none: the codec section only)")
     parser.add_argument("--budgets", nargs="*", type=float, default=[0.5, 0.25])
     parser.add_argument("--time-budget-s", type=float, default=450.0,
                         help="start nothing new past this; a model is skipped when the previous one's "
                         "duration would overrun it")
+    parser.add_argument("--hard-stop-s", type=float, default=None,
+                        help="with --jobs > 1: kill parts still running this long after the start "
+                        "(default: time budget + 90 s)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="processes: >1 runs the codec section and each model side by side, "
+                        "measuring in turns (default: one per part on a GPU, 1 with --smoke)")
+    parser.add_argument("--part", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--device-profile", default=None,
                         help="adacc's cost model (default: auto on a GPU, h100 with --smoke: a CPU "
                         "profile would compile and time every codec first)")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
@@ -357,9 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("no GPU here: use --smoke for a CPU run", file=sys.stderr)
         return 2
     sizes = SMOKE if args.smoke else FULL
-    report = Report(pathlib.Path(args.out))
-    report.add(f"# GPU check\n\n{machine_line(device)}; command: `python bench/gpu_check.py {' '.join(argv or sys.argv[1:])}`",
-               "machine", machine_line(device))
+    profile = args.device_profile or ("h100" if args.smoke else "auto")
     skipped: list[str] = []
 
     def in_time(what: str, expected_s: float = 0.0) -> bool:
@@ -368,27 +502,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         skipped.append(what)
         return False
 
-    checks = []
-    inner = 20 if device.type == "cuda" else 3
-    for name in args.codecs or available_codecs():
-        if in_time(f"codec {name}"):
-            checks.append(check_codec(name, sizes.codec_shape, device, inner))
-    shape = "x".join(map(str, sizes.codec_shape))
-    report.add(
-        f"## Codec kernels ({shape})\n\nTriton / Inductor columns: copy time / codec time (1.00 = as fast as "
-        f"copying the value).\n\n" + codec_table(checks),
-        "codecs", [dataclasses.asdict(c) | {"faster": c.faster} for c in checks],
-    )
-    profile = args.device_profile or ("h100" if args.smoke else "auto")
-    last_model_s = 0.0
-    for name in args.models:
-        if in_time(f"model {name}", expected_s=last_model_s):
-            model_start = time.perf_counter()
-            text, data = model_section(name, sizes, device, args.budgets, profile)
-            report.add(text, f"model_{name}", data)
-            last_model_s = time.perf_counter() - model_start
+    if args.part is not None:  # one part, for run_parts_side_by_side
+        report = Report(pathlib.Path(args.out), stem=args.part)
+        if args.part == "codecs":
+            text, data = codec_section(args.codecs or available_codecs(), sizes, device, in_time)
+        else:
+            text, data = model_section_or_error(args.part, sizes, device, args.budgets, profile)
+        report.data["skipped"] = skipped
+        report.add(text, "codecs" if args.part == "codecs" else f"model_{args.part}", data)
+        return 0
+
+    report = Report(pathlib.Path(args.out))
+    report.add(f"# GPU check\n\n{machine_line(device)}; command: `python bench/gpu_check.py {' '.join(argv)}`",
+               "machine", machine_line(device))
+    jobs = args.jobs or (1 if args.smoke or device.type != "cuda" else 1 + len(args.models))
+    if jobs > 1:
+        if args.hard_stop_s is None:
+            args.hard_stop_s = args.time_budget_s + 90.0
+        skipped += run_parts_side_by_side(args, argv, report, started)
+    else:
+        if args.codecs != []:
+            text, data = codec_section(args.codecs or available_codecs(), sizes, device, in_time)
+            report.add(text, "codecs", data)
+        last_model_s = 0.0
+        for name in args.models:
+            if in_time(f"model {name}", expected_s=last_model_s):
+                model_start = time.perf_counter()
+                text, data = model_section_or_error(name, sizes, device, args.budgets, profile)
+                report.add(text, f"model_{name}", data)
+                last_model_s = time.perf_counter() - model_start
     total = time.perf_counter() - started
-    tail = f"Total {total:.0f} s." + (f" Skipped (time budget): {', '.join(skipped)}." if skipped else "")
+    mode = f"{jobs} processes side by side, measuring in turns" if jobs > 1 else "one process"
+    tail = f"Total {total:.0f} s ({mode})." + (f" Skipped or stopped: {', '.join(skipped)}." if skipped else "")
     report.add(tail, "seconds", total)
     return 0
 

@@ -62,6 +62,9 @@ class VariantResult:
     kernel_seconds: dict[str, float] = field(default_factory=dict)
     """Self CPU seconds per step of each profiled kernel or op (by name),
     filled by ``run_variants(kernel_profile_steps=...)``."""
+    error: str | None = None
+    """Why this variant has no figures (``run_variants(keep_going=True)``
+    only): the exception that stopped it, in one line."""
 
     @property
     def median_step_seconds(self) -> float:
@@ -195,6 +198,8 @@ def run_variants(
     lr: float = 1e-2,
     device: str = "cpu",
     kernel_profile_steps: int = 0,
+    measuring: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    keep_going: bool = False,
 ) -> list[VariantResult]:
     """Trains every variant on ``batches`` (one step each, first step
     compiles), then measures peak memory and interleaved step times.
@@ -203,33 +208,58 @@ def run_variants(
     under the profiler, after the timed ones, and fills
     ``VariantResult.kernel_seconds``; compile under
     ``torch._inductor.config.cpp.enable_kernel_profile`` to see Inductor's
-    generated CPU kernels there by name (else only the ops they call)."""
+    generated CPU kernels there by name (else only the ops they call).
+
+    ``measuring`` is entered around the peak and timing phases (for example
+    a lock that keeps other processes off a shared GPU while this one
+    measures); compiling runs outside it. ``keep_going=True`` records a
+    variant that raises in ``VariantResult.error`` and goes on with the
+    others, for runs too costly to repeat (a borrowed GPU)."""
+    measuring = measuring or contextlib.nullcontext
     with _no_caches(), _each_variant_compiled_once(len(variants)):
         runners = [_make_runner(v, base_model, lr) for v in variants]
-        for runner in runners:
+        live = list(runners)
+
+        def each(action: Callable[[_Runner], None]) -> None:
+            for runner in list(live):
+                try:
+                    action(runner)
+                except Exception as exc:  # noqa: BLE001  (recorded, see keep_going)
+                    if not keep_going:
+                        raise
+                    runner.result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+                    live.remove(runner)
+
+        def compile_step(runner: _Runner) -> None:
             start = time.perf_counter()
             runner.result.losses.append(runner.train_step(batches[0], seed=0))
             runner.result.compile_seconds = time.perf_counter() - start
             _collect_plan(runner)
-        for step, batch in enumerate(batches[1:], start=1):
-            for runner in runners:
-                runner.result.losses.append(runner.train_step(batch, seed=step))
-        for runner in runners:
+
+        def peak(runner: _Runner) -> None:
             runner.optimizer.zero_grad(set_to_none=True)
             batch = batches[0]
             with runner.compile_context():
                 runner.result.peak_bytes = measure_peak_bytes(lambda: runner.fn(*batch).backward(), device)
-        for _ in range(timing_repeats):
-            for runner in runners:
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                runner.train_step(batches[0])
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                runner.result.step_seconds.append(time.perf_counter() - start)
+
+        def timed_step(runner: _Runner) -> None:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            runner.train_step(batches[0])
+            if device == "cuda":
+                torch.cuda.synchronize()
+            runner.result.step_seconds.append(time.perf_counter() - start)
+
+        each(compile_step)
+        for step, batch in enumerate(batches[1:], start=1):
+            each(lambda runner: runner.result.losses.append(runner.train_step(batch, seed=step)))
+        with measuring():
+            each(peak)
+            for _ in range(timing_repeats):
+                each(timed_step)
         if kernel_profile_steps > 0:
-            for runner in runners:
+            for runner in live:
                 runner.result.kernel_seconds = _kernel_seconds(runner, batches[0], kernel_profile_steps)
     return [r.result for r in runners]
 
@@ -260,12 +290,16 @@ def _collect_plan(runner: _Runner) -> None:
 
 def results_table(results: Sequence[VariantResult], reference: str | None = None) -> str:
     """Markdown table; ratios are against ``reference`` (default: first row)."""
-    ref = next((r for r in results if r.name == reference), results[0])
+    measured = [r for r in results if r.error is None] or list(results)
+    ref = next((r for r in measured if r.name == reference), measured[0])
     lines = [
         "| variant | peak MiB (measured) | peak vs ref | predicted MiB | saved MiB | step ms (median) | step vs ref | compile s | plan s | final loss |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        if r.error is not None:
+            lines.append(f"| {r.name} | failed: {r.error.replace('|', '/')} |  |  |  |  |  |  |  |  |")
+            continue
         lines.append(
             "| {name} | {peak:.2f} | {peak_ratio:.2f} | {pred} | {saved} | {step:.1f} | {step_ratio:.2f} | {comp:.1f} | {plan} | {loss:.4f} |".format(
                 name=r.name,
