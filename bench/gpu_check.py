@@ -160,25 +160,55 @@ def one_line(exc: BaseException) -> str:
 # --------------------------------------------------------------------------
 
 
-def same(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, int]:
-    """(identical, number of differing elements); any NaN equals any NaN,
-    the sign of zero counts."""
+def same(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, int, int]:
+    """(identical, number of differing elements, how many of those differ
+    only in the sign of a zero); any NaN equals any NaN."""
     a, b = a.detach().cpu(), b.detach().cpu()
     if a.shape != b.shape or a.dtype != b.dtype:
-        return False, max(a.numel(), b.numel())
+        return False, max(a.numel(), b.numel()), 0
     if a.is_floating_point():
         nan_a, nan_b = a.isnan(), b.isnan()
-        differ = (nan_a != nan_b) | (~nan_a & ~nan_b & ((a != b) | (a.signbit() != b.signbit())))
+        value = (nan_a != nan_b) | (~nan_a & ~nan_b & (a != b))
+        sign = ~nan_a & ~nan_b & (a == b) & (a.signbit() != b.signbit())
+        count, zeros = int((value | sign).sum()), int(sign.sum())
     else:
-        differ = a != b
-    count = int(differ.sum())
-    return count == 0, count
+        count, zeros = int((a != b).sum()), 0
+    return count == 0, count, zeros
 
 
-def _verdict(results: Sequence[tuple[bool, int]]) -> str:
-    if all(ok for ok, _ in results):
+def describe_difference(label: str, got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, first: int = 4) -> str:
+    """Where two forms' outputs differ: count, largest difference and the
+    first few positions (with the input value where the shapes match), for
+    the log of a run on a borrowed GPU that cannot be repeated at will."""
+    got, want, x = got.detach().cpu(), want.detach().cpu(), x.detach().cpu()
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"{label}: {tuple(got.shape)} {got.dtype} vs {tuple(want.shape)} {want.dtype}"
+    g, w = got.reshape(-1).double(), want.reshape(-1).double()
+    nan_g, nan_w = g.isnan(), w.isnan()
+    differ = (nan_g != nan_w) | (~nan_g & ~nan_w & ((g != w) | (g.signbit() != w.signbit())))
+    where = differ.nonzero().flatten()
+    if where.numel() == 0:
+        return f"{label}: same"
+    finite = differ & g.isfinite() & w.isfinite()
+    largest = float((g[finite] - w[finite]).abs().max()) if finite.any() else float("nan")
+    flat_x = x.reshape(-1).double() if x.numel() == got.numel() else None
+    shown = []
+    for i in where[:first].tolist():
+        pos = tuple(int(v) for v in torch.unravel_index(torch.tensor(i), got.shape))
+        shown.append(f"{pos} got {g[i].item():.9g} want {w[i].item():.9g}"
+                     + (f" (x {flat_x[i].item():.9g})" if flat_x is not None else ""))
+    return f"{label}: {where.numel()} of {g.numel()} differ, max |diff| {largest:.3g}; " + "; ".join(shown)
+
+
+def _verdict(results: Sequence[tuple[bool, int, int]]) -> str:
+    """"exact"; "exact but the sign of N zeros" when only signed zeros
+    differ; else "differs: " and the count per output (payload...,
+    decompressed)."""
+    if all(ok for ok, _, _ in results):
         return "exact"
-    return "differs: " + ", ".join(str(n) for _, n in results)
+    if all(count == zeros for _, count, zeros in results):
+        return f"exact but the sign of {sum(z for _, _, z in results)} zeros"
+    return "differs: " + ", ".join(str(n) for _, n, _ in results)
 
 
 def codec_sample(name: str, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
@@ -253,6 +283,21 @@ def triton_runs_here(device: torch.device) -> bool:
     return is_interpreted(fp8._fp8_compress_kernel)
 
 
+def explain(codec: str, form: str, outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor], x: torch.Tensor) -> None:
+    """Prints where ``form``'s outputs (payload..., decompressed) differ from
+    the reference's, with the relative error of each decompressed value."""
+    if all(same(g, w)[0] for g, w in zip(outputs, reference)):
+        return
+    labels = [f"payload[{i}]" for i in range(len(outputs) - 1)] + ["decompressed"]
+    for label, g, w in zip(labels, outputs, reference):
+        print(f"{codec} {form} {describe_difference(label, g, w, x)}")
+    if x.is_floating_point():
+        finite = x.isfinite()
+        norm = float(x[finite].float().norm())
+        errors = [float((v[finite].float() - x[finite].float()).norm()) / max(norm, 1e-30) for v in (outputs[-1], reference[-1])]
+        print(f"{codec} {form} relative error vs x: {errors[0]:.6g} (reference {errors[1]:.6g})", flush=True)
+
+
 def check_codec(name: str, shape: tuple[int, int], device: torch.device, inner: int) -> CodecCheck:
     codec = get_codec(name)
     x = codec_sample(name, shape, device)
@@ -266,6 +311,7 @@ def check_codec(name: str, shape: tuple[int, int], device: torch.device, inner: 
     payload = list(compress(x))
     (restored,) = decompress(*reference)
     inductor = [same(p, q) for p, q in zip(payload, reference)] + [same(restored, expected)]
+    explain(name, "inductor", payload + [restored], reference + [expected], x)
     triton_verdict = "n/a (no Triton here)"
     triton = triton_runs_here(device)
     if triton:
@@ -273,6 +319,7 @@ def check_codec(name: str, shape: tuple[int, int], device: torch.device, inner: 
         t_payload = list(codec.compress_op(x))
         t_restored = codec.decompress_op(reference, dims, x.dtype)
         triton_verdict = _verdict([same(p, q) for p, q in zip(t_payload, reference)] + [same(t_restored, expected)])
+        explain(name, "triton", t_payload + [t_restored], reference + [expected], x)
     with measuring():
         copy = device_seconds(lambda: x.clone(), device, inner=inner)
         timings: dict[str, float | None] = {

@@ -141,6 +141,32 @@ def written(value: torch.Tensor) -> torch.Tensor:
     return value if op is None else op(value, list(value.stride()))
 
 
+def divide(numerator: torch.Tensor | float, denominator: torch.Tensor | float) -> torch.Tensor:
+    """``numerator / denominator`` in float32, correctly rounded wherever
+    Inductor compiles it, as the torch references and Triton's ``div_rn``
+    give it. Inductor's Triton code divides float32 with the approximate
+    ``div.full.f32`` (on an H200, torch 2.11: 569668 of 4M reciprocals
+    differed from eager's, and the codes of four codecs with them), so on
+    a GPU the quotient is taken in float64 and rounded once to float32:
+    Triton's float64 division is ``div.rn.f64``, and a correctly rounded
+    float64 quotient rounds to the correctly rounded float32 one (53 >= 2 *
+    24 + 2). Inductor's C++ divides float32 exactly, so on the CPU this is
+    the plain division (no float64 work where it is not needed).
+
+    A float denominator becomes, in Inductor's GPU code, a float64 product
+    with its reciprocal (Inductor folds division by a constant): within
+    2^-52 of the quotient, which for the codecs' divisors (126, 7, 6: odd
+    parts with binary periods of at most 6 bits) never lies that close to a
+    float32 rounding midpoint without being exact, so it rounds the same."""
+    tensor = numerator if isinstance(numerator, torch.Tensor) else denominator
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError("divide needs a tensor numerator or denominator")
+    if tensor.device.type == "cpu":
+        return numerator / denominator
+    wide = [v.double() if isinstance(v, torch.Tensor) else v for v in (numerator, denominator)]
+    return (wide[0] / wide[1]).float()
+
+
 def vector_lanes(device: torch.device) -> int:
     """float32 lanes per vector of the code Inductor generates for
     ``device``: 16 on a CPU whose ATen capability is AVX512 (Inductor picks

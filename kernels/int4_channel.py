@@ -50,7 +50,7 @@ from typing import Any, Sequence
 import torch
 
 from . import REGISTRY
-from .aten_graphs import nibble_bytes, packed_fields, written
+from .aten_graphs import divide, nibble_bytes, packed_fields, written
 from .int_channel import (
     DTYPES,
     MIN_SCALE,
@@ -94,7 +94,7 @@ def int4_channel_payload_spec(shape: Sequence[Any], dtype: torch.dtype) -> Paylo
 def _scales(peak: torch.Tensor, flagged: torch.Tensor) -> torch.Tensor:
     """Stored scales (negative where flagged) from the blocks' largest finite
     |x| and their NaN/Inf flags, float32 [N, C]."""
-    scale = torch.clamp_min(peak / torch.where(flagged, QMAX - 1.0, float(QMAX)), MIN_SCALE)
+    scale = torch.clamp_min(divide(peak, torch.where(flagged, QMAX - 1.0, float(QMAX))), MIN_SCALE)
     return torch.where(flagged, -scale, scale)
 
 
@@ -185,7 +185,7 @@ def _aten_compress(x: torch.Tensor) -> list[torch.Tensor]:
     peak = aten_block_max(torch.where(ok, a, 0.0))
     flagged = aten_block_max(torch.where(ok, 0.0, 1.0)) > 0  # amax of 0/1: NaN never enters
     scale = _scales(peak, flagged)
-    q = (xf * written(1.0 / scale.abs()).unsqueeze(1)).clamp(-float(QMAX), float(QMAX)).round()
+    q = (xf * written(divide(1.0, scale.abs())).unsqueeze(1)).clamp(-float(QMAX), float(QMAX)).round()
     q = torch.where(q != q, -QMAX - 1.0, q)  # exactly the NaN positions
     halves = q.view(q.shape[0], 2, HALF, channels)
     packed = nibble_bytes(halves[:, 0], halves[:, 1])

@@ -82,9 +82,10 @@ from typing import Any, Sequence
 import torch
 
 from . import REGISTRY
-from .aten_graphs import int8_values, written
+from .aten_graphs import divide, int8_values, written
 from .int_channel import DTYPES, MIN_SCALE, QMAX, ChannelCodec, check_channel_payload
 from .oplib import (
+    div_exact,
     PayloadSpec,
     Workspace,
     check_input,
@@ -146,7 +147,7 @@ def channel_factors(maxima: torch.Tensor) -> torch.Tensor:
     if channels == 0:
         return torch.ones(0, dtype=torch.float32, device=maxima.device)
     ref = torch.sort(maxima).values[(channels - 1) // 2]
-    ratio = maxima / (ref * RATIO)
+    ratio = divide(maxima, ref * RATIO)
     bits = ratio.view(torch.int32)
     exponent = ((bits >> 23) & 0xFF) - 127
     k = exponent + ((bits & 0x7FFFFF) != 0).to(torch.int32)  # ceil(log2(ratio)); NaN is masked below
@@ -166,7 +167,7 @@ def _check_factors(factors: torch.Tensor, channels: int, device: torch.device) -
 
 def scales_of(peak: torch.Tensor) -> torch.Tensor:
     """Scales from the rows' largest finite |y| (float32 [R])."""
-    return torch.clamp_min(peak / float(QMAX), MIN_SCALE)
+    return torch.clamp_min(divide(peak, float(QMAX)), MIN_SCALE)
 
 
 # --------------------------------------------------------------------------
@@ -261,7 +262,7 @@ def _aten_compress(x: torch.Tensor, parameters: torch.Tensor | None = None) -> l
     a = y.abs()
     scale = scales_of(torch.where(a < float("inf"), a, 0.0).amax(dim=1))
     # ±Inf times a (finite) reciprocal stay ±Inf and clamp to the ±Inf codes; NaN stays NaN.
-    q = (y * written(1.0 / scale).unsqueeze(1)).clamp(-QMAX - 1.0, QMAX + 1.0).round()
+    q = (y * written(divide(1.0, scale)).unsqueeze(1)).clamp(-QMAX - 1.0, QMAX + 1.0).round()
     codes = torch.where(q != q, -QMAX - 2.0, q).to(torch.int8)
     return [codes, scale, factors]
 
@@ -319,11 +320,11 @@ def _compress_kernel(
         valid = rmask[:, None] & cmask[None, :]
         offsets = rows[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c
         x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
-        inv_f = tl.math.div_rn(1.0, tl.load(factor_ptr + cols, mask=cmask, other=1.0))
+        inv_f = div_exact(1.0, tl.load(factor_ptr + cols, mask=cmask, other=1.0))
         a = tl.abs(x * inv_f[None, :])
         peak = tl.maximum(peak, tl.max(tl.where(a < float("inf"), a, 0.0), axis=1))
-    scale = tl.maximum(tl.math.div_rn(peak, QMAX_ * 1.0), MIN_SCALE_)
-    inv_s = tl.math.div_rn(1.0, scale)
+    scale = tl.maximum(div_exact(peak, QMAX_ * 1.0), MIN_SCALE_)
+    inv_s = div_exact(1.0, scale)
     tl.store(scale_ptr + rows, scale, mask=rmask)
     for c0 in range(0, C, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
@@ -331,7 +332,7 @@ def _compress_kernel(
         valid = rmask[:, None] & cmask[None, :]
         offsets = rows[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c
         x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
-        inv_f = tl.math.div_rn(1.0, tl.load(factor_ptr + cols, mask=cmask, other=1.0))
+        inv_f = div_exact(1.0, tl.load(factor_ptr + cols, mask=cmask, other=1.0))
         y = (x * inv_f[None, :]) * inv_s[:, None]
         y = tl.minimum(tl.maximum(y, -QMAX_ - 1.0), QMAX_ + 1.0)
         # Adding then subtracting 1.5 * 2^23 rounds float32 |y| < 2^22 to nearest

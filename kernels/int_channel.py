@@ -59,10 +59,11 @@ import torch
 import torch.nn.functional as F
 
 from . import REGISTRY
-from .aten_graphs import int8_values, written
+from .aten_graphs import divide, int8_values, written
 from .codec import ApplyQuery
 from .int_outlier import ACTIVATION_PRODUCERS
 from .oplib import (
+    div_exact,
     OpCodec,
     PayloadSpec,
     Workspace,
@@ -111,7 +112,7 @@ def int8_channel_payload_spec(shape: Sequence[Any], dtype: torch.dtype) -> Paylo
 
 def scales_of(peak: torch.Tensor) -> torch.Tensor:
     """Scales from the blocks' largest finite |x| (float32 [N, C])."""
-    return torch.clamp_min(peak / float(QMAX), MIN_SCALE)
+    return torch.clamp_min(divide(peak, float(QMAX)), MIN_SCALE)
 
 
 # --------------------------------------------------------------------------
@@ -232,7 +233,7 @@ def _aten_compress(x: torch.Tensor) -> list[torch.Tensor]:
     a = xf.abs()
     scale = scales_of(aten_block_max(torch.where(a < float("inf"), a, 0.0)))
     # ±Inf times a (finite) reciprocal stay ±Inf and clamp to the ±Inf codes; NaN stays NaN.
-    q = (xf * written(1.0 / scale).unsqueeze(1)).clamp(-QMAX - 1.0, QMAX + 1.0).round()
+    q = (xf * written(divide(1.0, scale)).unsqueeze(1)).clamp(-QMAX - 1.0, QMAX + 1.0).round()
     codes = torch.where(q != q, -QMAX - 2.0, q).to(torch.int8)
     return [codes.view(-1, channels)[:rows], scale]
 
@@ -271,8 +272,8 @@ def _compress_kernel(
     x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
     a = tl.abs(x)
     amax = tl.max(tl.where(a < float("inf"), a, 0.0), axis=0)
-    scale = tl.maximum(tl.math.div_rn(amax, QMAX_ * 1.0), MIN_SCALE_)
-    y = x * tl.math.div_rn(1.0, scale)[None, :]
+    scale = tl.maximum(div_exact(amax, QMAX_ * 1.0), MIN_SCALE_)
+    y = x * div_exact(1.0, scale)[None, :]
     y = tl.minimum(tl.maximum(y, -QMAX_ - 1.0), QMAX_ + 1.0)
     # Adding then subtracting 1.5 * 2^23 rounds float32 |y| < 2^22 to nearest
     # even, like torch.round (libdevice rint is not available in the interpreter).

@@ -420,13 +420,13 @@ def _aten_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     broken = torch.where(ok, 0.0, regular)  # 1.0 at NaN/Inf in regular channels
     special = broken.sum(dim=-1) > 0  # a sum of 0/1: one add per vector (amax propagates NaN: three)
     limit = torch.where(special, fmt.qmax - 1.0, float(fmt.qmax))
-    scale, scale_f = truncate_to_bfloat16(kept.amax(dim=-1) / limit)
+    scale, scale_f = truncate_to_bfloat16(aten_graphs.divide(kept.amax(dim=-1), limit))
     bound = limit.unsqueeze(-1)
     # The reference's division, clamp and rounding on x itself: at NaN/Inf
     # they give garbage that the select below replaces by the reserved codes,
     # and the mask then zeroes the outlier channels (whose q is finite or
     # replaced), so the codes loop needs no cleaned copy of x.
-    q = (grouped / torch.where(scale_f > 0, scale_f, 1.0).unsqueeze(-1)).clamp(-bound, bound).round()
+    q = aten_graphs.divide(grouped, torch.where(scale_f > 0, scale_f, 1.0).unsqueeze(-1)).clamp(-bound, bound).round()
     reserved = torch.where(grouped != grouped, -fmt.qmax - 1.0, torch.where(grouped > 0, float(fmt.qmax), -float(fmt.qmax)))
     # Cast on the [rows, groups, G] shape: the codes kernel then has the
     # reduction's loops outside, and Inductor fuses the two (viewed as
