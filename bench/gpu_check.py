@@ -52,7 +52,7 @@ import torch
 
 from adacc_compile import compat
 import _examples_path  # noqa: F401  (examples/ on sys.path)
-from adacc_examples.benchmarking import Variant, results_table, run_variants
+from adacc_examples.benchmarking import Variant, error_line, results_table, run_variants
 from adacc_compile.kernels import available_codecs, get_codec
 from adacc_compile.kernels.aten_graphs import codec_graphs
 from adacc_compile.kernels.oplib import is_interpreted, triton_available
@@ -148,11 +148,6 @@ def measuring() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 # --------------------------------------------------------------------------
@@ -355,7 +350,7 @@ def check_codec_or_error(name: str, shape: tuple[int, int], device: torch.device
         return CodecCheck(
             codec=name, dtype="", triton_vs_reference="", inductor_vs_reference="", copy_gbps=float("nan"),
             triton_compress=None, triton_decompress=None, inductor_compress=float("nan"),
-            inductor_decompress=float("nan"), error=one_line(exc),
+            inductor_decompress=float("nan"), error=error_line(exc),
         )
 
 
@@ -454,7 +449,7 @@ def model_section_or_error(
         return model_section(name, sizes, device, budgets, device_profile)
     except Exception as exc:  # noqa: BLE001  (reported in the output)
         traceback.print_exc()
-        return f"### {name}: failed: {one_line(exc)}", {"error": one_line(exc)}
+        return f"### {name}: failed: {error_line(exc)}", {"error": error_line(exc)}
 
 
 def codec_section(names: Sequence[str], sizes: Sizes, device: torch.device, in_time: Callable[..., bool]) -> tuple[str, Any]:

@@ -189,6 +189,16 @@ def _make_runner(variant: Variant, base_model: torch.nn.Module, lr: float) -> _R
     return _Runner(variant, model, fn, optimizer, partitioner, VariantResult(name=variant.name))
 
 
+def error_line(exc: BaseException) -> str:
+    """One line for a failure: the root cause (Dynamo's compiler error wraps
+    the backend's exception in ``inner_exception``, and its message is the
+    useful one), type and first line of its message."""
+    while (inner := exc.__cause__ or getattr(exc, "inner_exception", None)) is not None:
+        exc = inner
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
 def run_variants(
     base_model: torch.nn.Module,
     batches: Sequence[Batch],
@@ -227,7 +237,7 @@ def run_variants(
                 except Exception as exc:  # noqa: BLE001  (recorded, see keep_going)
                     if not keep_going:
                         raise
-                    runner.result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+                    runner.result.error = error_line(exc)
                     live.remove(runner)
 
         def compile_step(runner: _Runner) -> None:

@@ -1,5 +1,6 @@
 """`bench/gpu_check.py --smoke` runs on CPU: the GPU check stays runnable
-without a GPU (tiny sizes; Triton kernels under the interpreter)."""
+without a GPU (tiny sizes; Triton kernels under the interpreter), in one
+process or side by side; and its comparison helpers say how forms differ."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 SCRIPT = pathlib.Path(__file__).parents[2] / "bench" / "gpu_check.py"
+sys.path.insert(0, str(SCRIPT.parent))
+
+import gpu_check  # noqa: E402
 
 
 def _run(tmp_path: pathlib.Path, *args: str) -> tuple[str, dict]:
@@ -43,3 +48,36 @@ def test_whole_smoke_run(tmp_path):
         names = [row["name"] for row in data[f"model_{model}"]]
         assert names[:2] == ["no checkpointing", "full AC"] and "adacc balanced @0.5" in names
         assert f"### {model}:" in markdown
+
+
+def test_verdict_tells_signed_zeros_from_value_differences():
+    a = torch.tensor([0.0, 1.0, float("nan"), 2.0])
+    signed = torch.tensor([-0.0, 1.0, float("nan"), 2.0])
+    off = torch.tensor([0.0, 1.5, float("nan"), 2.0])
+    assert gpu_check.same(a, a.clone()) == (True, 0, 0)
+    assert gpu_check.same(a, signed) == (False, 1, 1)
+    assert gpu_check.same(a, off) == (False, 1, 0)
+    codes = torch.tensor([1, 2], dtype=torch.int8)
+    assert gpu_check._verdict([gpu_check.same(codes, codes), gpu_check.same(a, a)]) == "exact"
+    assert gpu_check._verdict([gpu_check.same(codes, codes), gpu_check.same(a, signed)]) == "exact but the sign of 1 zeros"
+    assert gpu_check._verdict([gpu_check.same(codes, codes + 1), gpu_check.same(a, off)]) == "differs: 2, 1"
+
+
+def test_difference_description_names_positions_and_the_input():
+    x = torch.tensor([[0.5, 1.0], [2.0, 3.0]])
+    want = torch.tensor([[1, 2], [4, 6]], dtype=torch.int8)
+    got = want.clone()
+    got[1, 0] = 5
+    text = gpu_check.describe_difference("codes", got, want, x)
+    assert text == "codes: 1 of 4 differ, max |diff| 1; (1, 0) got 5 want 4 (x 2)"
+    assert gpu_check.describe_difference("codes", want, want.clone(), x) == "codes: same"
+
+
+@pytest.mark.slow  # 2 minutes: three processes compiling on two cores
+def test_parts_side_by_side(tmp_path):
+    markdown, data = _run(tmp_path, "--jobs", "3", "--budgets", "0.5", "--codecs", "int8_channel")
+    assert [row["codec"] for row in data["codecs"]] == ["int8_channel"]
+    assert data["codecs"][0]["inductor_vs_reference"] == "exact"
+    assert markdown.index("## Codec kernels") < markdown.index("### gpt:") < markdown.index("### llama:")
+    assert "3 processes side by side" in markdown
+    assert sorted(p.name for p in (tmp_path / "parts").iterdir()) == ["codecs.log", "gpt.log", "llama.log"]

@@ -56,3 +56,44 @@ def test_a_compiled_step_shows_its_generated_kernels_and_matmuls():
         )
     groups = grouped_seconds(result.kernel_seconds)
     assert groups["generated"] > 0 and groups["matmul"] > 0
+
+
+def _tiny_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
+
+
+def test_keep_going_records_a_failing_variant_and_measures_the_rest():
+    import contextlib
+
+    from adacc_examples.benchmarking import results_table
+
+    entered = []
+
+    @contextlib.contextmanager
+    def measuring():
+        entered.append(True)
+        yield
+
+    bad = Variant(name="bad", kind="adacc", options={"memory_budget": 0.5, "device_profile": "no-such-gpu"})
+    batches = [(torch.randn(8, 16),)] * 2
+    loss = lambda model: lambda x: model(x).pow(2).mean()  # noqa: E731
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _tiny_model()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return loss(self.net)(x)
+
+    good, failed = run_variants(
+        Model(), batches, [Variant(name="inductor", kind="inductor"), bad],
+        timing_repeats=2, keep_going=True, measuring=measuring,
+    )
+    assert good.error is None and len(good.step_seconds) == 2 and good.peak_bytes >= 0
+    assert failed.error.startswith("ValueError: device_profile='no-such-gpu'") and not failed.step_seconds
+    assert entered == [True]
+    assert "| bad | failed: ValueError" in results_table([good, failed])
+    with pytest.raises(Exception, match="no-such-gpu"):
+        run_variants(Model(), batches, [bad], timing_repeats=1)
