@@ -145,12 +145,19 @@ def codec_seconds(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, prof
     then inserts), measured on first need and cached per machine
     (`profile_cache.codec_timing`). Built-in GPU profiles: the bytes one
     fused kernel moves, over bandwidth, with no launch of its own
-    (`Codec.cost_seconds`)."""
+    (`Codec.cost_seconds`), or, where the profile holds a measured time
+    for the codec in copies of the value (`DeviceProfile.codec_copy_times`:
+    the H200's), at least that many copies' worth."""
     numel = 1
     for s in shape:
         numel *= s
     if profile in BUILTIN_PROFILES.values() or not profile.name.startswith("calibrated"):
-        return codec.cost_seconds(shape, dtype, profile.memory_bytes_per_s)
+        fused = codec.cost_seconds(shape, dtype, profile.memory_bytes_per_s)
+        copies = profile.codec_copy_times.get(codec.name)
+        if copies is None:
+            return fused
+        copy = 2 * numel * torch.empty((), dtype=dtype).element_size() / profile.memory_bytes_per_s
+        return max(fused, copies * copy)
     device = profile.name.removeprefix("calibrated ").strip() or "cpu"
     forms = [GraphForm.ATEN]
     if device.startswith("cuda") and triton_available():

@@ -13,6 +13,7 @@ process).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -40,6 +41,11 @@ class DeviceProfile:
     """Measured compress + decompress time per element, keyed
     ``"<codec>/<dtype>"`` (measured profiles only; built-in GPU profiles
     derive codec time from bytes moved)."""
+    codec_copy_times: dict[str, float] = field(default_factory=dict)
+    """Built-in profiles measured on the device: each codec's compress +
+    decompress time in its default (aten, Inductor-compiled) form, as a
+    multiple of copying the value, keyed by codec name
+    (`codec_options.codec_seconds` charges at least that many copies)."""
 
     def matmul_rate(self, dtype: torch.dtype | None) -> float:
         key = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
@@ -62,6 +68,7 @@ class DeviceProfile:
             "memory_bytes_per_s": self.memory_bytes_per_s,
             "launch_overhead_s": self.launch_overhead_s,
             "codec_seconds_per_element": dict(self.codec_seconds_per_element),
+            "codec_copy_times": dict(self.codec_copy_times),
         }
 
     @staticmethod
@@ -75,6 +82,7 @@ class DeviceProfile:
             codec_seconds_per_element={
                 str(k): float(v) for k, v in data.get("codec_seconds_per_element", {}).items()
             },
+            codec_copy_times={str(k): float(v) for k, v in data.get("codec_copy_times", {}).items()},
         )
 
     def digest(self) -> str:
@@ -101,11 +109,35 @@ def _gpu(name: str, bf16: float, tf32: float, fp32: float, bandwidth: float, lau
     )
 
 
+#: Compress + decompress of a bfloat16 [8192, 4096] value by each codec's
+#: Inductor-compiled aten form, in copies of the value, measured on one H200
+#: (torch 2.11, Triton 3.6) by ``bench/gpu_check.py`` on 2026-12-04
+#: (bench/RESULTS.md). Each form ran as its own kernels there: inside a
+#: step, compress needs the block or group maxima before its first code,
+#: so it does not fold into the producing matmul's epilogue either, and
+#: the steps measured with compressing plans ran slower than the fused
+#: byte model predicted. Re-measure with gpu_check when a codec changes.
+H200_CODEC_COPY_TIMES: dict[str, float] = {
+    "bitmask": 3.87,
+    "fewbit_gelu": 6.34,
+    "fewbit_silu": 3.90,
+    "fp8_e4m3": 3.66,
+    "fp8_e5m2": 3.60,
+    "int4_channel": 5.64,
+    "int4_outlier": 9.63,
+    "int8_channel": 5.15,
+    "int8_outlier": 8.54,
+    "int8_smooth": 5.50,
+    "softmax_u8": 2.52,
+}
+
 BUILTIN_PROFILES: dict[str, DeviceProfile] = {
     # bf16 dense matmul, tf32, fp32 (non-tensor-core), HBM bandwidth, launch floor.
     "a100": _gpu("NVIDIA A100-SXM4-80GB", 250e12, 125e12, 17e12, 1.75e12, 3e-6),
     "h100": _gpu("NVIDIA H100 SXM", 700e12, 350e12, 55e12, 3.0e12, 2e-6),
-    "h200": _gpu("NVIDIA H200", 790e12, 395e12, 55e12, 4.3e12, 2e-6),
+    "h200": dataclasses.replace(
+        _gpu("NVIDIA H200", 790e12, 395e12, 55e12, 4.3e12, 2e-6), codec_copy_times=H200_CODEC_COPY_TIMES
+    ),
 }
 
 

@@ -173,3 +173,29 @@ def test_a_codec_is_costed_from_rows_as_aligned_as_the_values(monkeypatch):
     assert [k.partition("@")[0] for k in keys] == ["int8_channel/float32", "int8_channel/float32/unaligned"]
     assert codec_timing.is_aligned((4, 256, 64)) and not codec_timing.is_aligned((4, 256, 682))
     assert codec_timing.UNALIGNED_SAMPLE_SHAPE[-1] % codec_timing.ALIGNED_COLUMNS != 0
+
+
+def test_a_builtin_profile_with_measured_copy_times_charges_at_least_those():
+    """The H200 profile carries each codec's measured compress + decompress
+    time in copies of the value (gpu_check, 2026-12-04): a codec costs at
+    least that there, while a profile without them keeps the fused byte model."""
+    import torch
+
+    from adacc_compile.kernels import get_codec
+    from adacc_compile.passes import codec_options
+
+    h200, h100 = device_profile.BUILTIN_PROFILES["h200"], device_profile.BUILTIN_PROFILES["h100"]
+    assert set(h200.codec_copy_times) >= {"int8_channel", "fp8_e4m3", "bitmask"} and not h100.codec_copy_times
+    shape, dtype = (4096, 1024), torch.bfloat16
+    copy = 2 * 4096 * 1024 * 2 / h200.memory_bytes_per_s
+    for name in ("int8_channel", "fp8_e4m3"):
+        codec = get_codec(name)
+        fused = codec.cost_seconds(shape, dtype, h200.memory_bytes_per_s)
+        assert codec_options.codec_seconds(codec, shape, dtype, h200) == pytest.approx(h200.codec_copy_times[name] * copy)
+        assert codec_options.codec_seconds(codec, shape, dtype, h200) > fused
+        assert codec_options.codec_seconds(codec, shape, dtype, h100) == pytest.approx(
+            codec.cost_seconds(shape, dtype, h100.memory_bytes_per_s))
+    assert device_profile.DeviceProfile.from_json(h200.to_json()) == h200
+    import dataclasses
+
+    assert h200.digest() != dataclasses.replace(h200, codec_copy_times={}).digest()  # plans follow the costs
