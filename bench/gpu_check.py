@@ -23,6 +23,13 @@ cut short still leaves what it measured.
    ``activation_memory_budget`` partitioner and adacc lossless / balanced,
    at each of ``--budgets`` (`adacc_examples.benchmarking.run_variants`).
 
+On a GPU the codec section and each model run side by side, each in a
+process of its own (``--jobs``; ``--jobs 1`` runs them in turn): they
+compile in parallel on the CPUs and take turns at the GPU for every timing
+and peak measurement. Their logs, ``parts/<part>.log`` under ``--out``, say
+where two forms' bits differ. A codec or variant that fails is reported in
+its table and the rest go on.
+
 ``--time-budget-s`` (default 450) stops starting new work once spent; the
 skipped parts are listed in the output. Without a GPU (``--smoke`` on CPU)
 the Triton column needs ``TRITON_INTERPRET=1`` set before start, else it
@@ -34,8 +41,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import fcntl
 import datetime
+import fcntl
 import json
 import os
 import pathlib
@@ -155,19 +162,24 @@ def measuring() -> Iterator[None]:
 # --------------------------------------------------------------------------
 
 
+def _differing(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masks of the elements (same shape and dtype) whose values differ and
+    of those equal but for the sign of a zero; any NaN equals any NaN."""
+    if not a.is_floating_point():
+        return a != b, torch.zeros_like(a, dtype=torch.bool)
+    nan_a, nan_b = a.isnan(), b.isnan()
+    value = (nan_a != nan_b) | (~nan_a & ~nan_b & (a != b))
+    return value, ~nan_a & ~nan_b & (a == b) & (a.signbit() != b.signbit())
+
+
 def same(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, int, int]:
     """(identical, number of differing elements, how many of those differ
-    only in the sign of a zero); any NaN equals any NaN."""
+    only in the sign of a zero)."""
     a, b = a.detach().cpu(), b.detach().cpu()
     if a.shape != b.shape or a.dtype != b.dtype:
         return False, max(a.numel(), b.numel()), 0
-    if a.is_floating_point():
-        nan_a, nan_b = a.isnan(), b.isnan()
-        value = (nan_a != nan_b) | (~nan_a & ~nan_b & (a != b))
-        sign = ~nan_a & ~nan_b & (a == b) & (a.signbit() != b.signbit())
-        count, zeros = int((value | sign).sum()), int(sign.sum())
-    else:
-        count, zeros = int((a != b).sum()), 0
+    value, sign = _differing(a, b)
+    count, zeros = int((value | sign).sum()), int(sign.sum())
     return count == 0, count, zeros
 
 
@@ -179,8 +191,8 @@ def describe_difference(label: str, got: torch.Tensor, want: torch.Tensor, x: to
     if got.shape != want.shape or got.dtype != want.dtype:
         return f"{label}: {tuple(got.shape)} {got.dtype} vs {tuple(want.shape)} {want.dtype}"
     g, w = got.reshape(-1).double(), want.reshape(-1).double()
-    nan_g, nan_w = g.isnan(), w.isnan()
-    differ = (nan_g != nan_w) | (~nan_g & ~nan_w & ((g != w) | (g.signbit() != w.signbit())))
+    value, sign = _differing(g, w)
+    differ = value | sign
     where = differ.nonzero().flatten()
     if where.numel() == 0:
         return f"{label}: same"
