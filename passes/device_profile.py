@@ -117,6 +117,8 @@ def _gpu(name: str, bf16: float, tf32: float, fp32: float, bandwidth: float, lau
 #: so it does not fold into the producing matmul's epilogue either, and
 #: the steps measured with compressing plans ran slower than the fused
 #: byte model predicted. Re-measure with gpu_check when a codec changes.
+#: int8_smooth was timed per call (channel factors measured on the value);
+#: a plan's calibrated form skips that pass, so it is charged high here.
 H200_CODEC_COPY_TIMES: dict[str, float] = {
     "bitmask": 3.87,
     "fewbit_gelu": 6.34,
