@@ -24,3 +24,8 @@ class _BreaksBeforeLoss(GPT):
 def breaks_before_loss() -> GPT:
     """Dynamo breaks the graph before the loss (after the embedding)."""
     return _BreaksBeforeLoss(GPTConfig(vocab_size=64, seq_len=32, n_layer=2, n_head=2, d_model=32))
+
+
+def tiny_gpt_with_attention_dropout() -> GPT:
+    """As `tiny_gpt`, with dropout inside the attention (and around it)."""
+    return GPT(GPTConfig(vocab_size=64, seq_len=32, n_layer=2, n_head=2, d_model=32, dropout=0.1))
