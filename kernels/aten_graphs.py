@@ -141,6 +141,12 @@ def written(value: torch.Tensor) -> torch.Tensor:
     return value if op is None else op(value, list(value.stride()))
 
 
+def plain_division_is_exact(device: torch.device) -> bool:
+    """Whether Inductor's code for ``device`` divides float32 correctly
+    rounded: its C++ does, its Triton does not (see `divide`)."""
+    return device.type == "cpu"
+
+
 def divide(numerator: torch.Tensor | float, denominator: torch.Tensor | float) -> torch.Tensor:
     """``numerator / denominator`` in float32, correctly rounded wherever
     Inductor compiles it, as the torch references and Triton's ``div_rn``
@@ -161,7 +167,7 @@ def divide(numerator: torch.Tensor | float, denominator: torch.Tensor | float) -
     tensor = numerator if isinstance(numerator, torch.Tensor) else denominator
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("divide needs a tensor numerator or denominator")
-    if tensor.device.type == "cpu":
+    if plain_division_is_exact(tensor.device):
         return numerator / denominator
     wide = [v.double() if isinstance(v, torch.Tensor) else v for v in (numerator, denominator)]
     return (wide[0] / wide[1]).float()

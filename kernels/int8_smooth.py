@@ -258,7 +258,7 @@ def _aten_compress(x: torch.Tensor, parameters: torch.Tensor | None = None) -> l
         return torch_int8_smooth_compress(x, parameters)
     x2d = x.reshape(rows, channels)
     factors = channel_factors(channel_maxima(x2d)) if parameters is None else parameters
-    y = x2d.float() * written(1.0 / factors)  # exact: powers of two
+    y = x2d.float() * written(divide(1.0, factors))  # exact: powers of two
     a = y.abs()
     scale = scales_of(torch.where(a < float("inf"), a, 0.0).amax(dim=1))
     # ±Inf times a (finite) reciprocal stay ±Inf and clamp to the ±Inf codes; NaN stays NaN.

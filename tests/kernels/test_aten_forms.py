@@ -348,3 +348,39 @@ def test_compiled_decompress_writes_the_value_once(name: str, lanes: int, monkey
     restore = lambda *p: (codec.aten_decompress(list(p), list(x.shape), x.dtype) * 2,)  # noqa: E731
     temporaries = _value_sized_temporaries(restore, payload, x.numel(), lanes, monkeypatch)
     assert bool(temporaries) == (name in DECOMPRESS_WRITES_TWICE), temporaries
+
+
+_DIVISIONS = {
+    torch.ops.aten.div.Tensor,
+    torch.ops.aten.div.Scalar,
+    torch.ops.aten.div.Tensor_mode,
+    torch.ops.aten.reciprocal.default,
+    torch.ops.prims.div.default,
+}
+
+
+@pytest.mark.parametrize("name,dtype", list(_cases()))
+def test_the_gpu_route_leaves_no_float32_division_and_gives_the_same_bits(name: str, dtype: torch.dtype, monkeypatch) -> None:
+    """On a GPU Inductor divides float32 approximately, so every division in
+    an aten form goes through `aten_graphs.divide`, which takes it in
+    float64 there. With that route forced on this CPU: no float32 division
+    is left in the traced graphs, and the forms still equal the reference
+    bit for bit (a float64 quotient rounds to the float32 one)."""
+    from adacc_compile.kernels import aten_graphs
+
+    monkeypatch.setenv("ADACC_KERNELS", "torch")
+    monkeypatch.setattr(aten_graphs, "plain_division_is_exact", lambda device: False)
+    codec = get_codec(name)
+    x = _sample(name, (33, 130), dtype)
+    graphs = codec_graphs(codec, x)
+    for gm in (graphs.compress, graphs.decompress):
+        left = [
+            str(n.target) for n in gm.graph.nodes
+            if n.op == "call_function" and n.target in _DIVISIONS
+            and n.meta["val"].dtype.is_floating_point and n.meta["val"].dtype != torch.float64
+        ]
+        assert not left, f"float32 divisions outside aten_graphs.divide: {left}"
+    reference = list(codec.compress_op(x))
+    assert _same_payload(codec.aten_compress(x), reference)
+    expected = codec.decompress_op(reference, list(x.shape), dtype)
+    assert _same(codec.aten_decompress(reference, list(x.shape), dtype), expected)
