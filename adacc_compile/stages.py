@@ -179,6 +179,7 @@ def plan_stage(state: PartitionState) -> None:
         charged_inputs=charged_inputs(state),
         fold=state.fold,
         codec_parameters=state.calibration.codec_parameters() if state.calibration is not None else {},
+        profile=state.profile,
     )
     outcome = search_plan(
         context, state.candidates, state.reduction, state.budget,

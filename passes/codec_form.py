@@ -15,6 +15,9 @@ The rule, per codec and value:
   the Triton kernels inside graphs);
 * on CUDA, with a measured device profile (``device_profile="calibrate"``)
   that timed both forms of the codec for this dtype: the faster one;
+* on CUDA, with a built-in profile that holds both forms' measured times
+  (`DeviceProfile.codec_copy_times` / ``triton_codec_copy_times``, the
+  H200's): the faster one;
 * otherwise the aten form. The byte model of a built-in GPU profile always
   prefers it: fused, it moves strictly fewer bytes than a separate kernel
   that must read the value again.
@@ -33,6 +36,8 @@ import torch
 from adacc_compile.kernels import Codec, KernelChoice, get_codec, kernel_choice_from_env
 from adacc_compile.kernels import aten_graphs
 from adacc_compile.kernels.oplib import triton_available
+
+from .device_profile import DeviceProfile
 
 
 class GraphForm(enum.Enum):
@@ -70,9 +75,11 @@ def implementation_digest(name: str) -> str:
     return digest.hexdigest()[:12]
 
 
-def graph_form(codec: Codec, dtype: torch.dtype, device_type: str) -> GraphForm:
+def graph_form(
+    codec: Codec, dtype: torch.dtype, device_type: str, profile: DeviceProfile | None = None
+) -> GraphForm:
     """The form ``codec`` takes for a value of ``dtype`` on ``device_type``
-    (see the module docstring)."""
+    under the plan's cost model ``profile`` (see the module docstring)."""
     choice = kernel_choice_from_env()
     if choice is KernelChoice.TRITON:
         return GraphForm.CUSTOM_OP
@@ -82,6 +89,11 @@ def graph_form(codec: Codec, dtype: torch.dtype, device_type: str) -> GraphForm:
         custom = timings.get(codec_key(codec.name, dtype, GraphForm.CUSTOM_OP))
         if aten is not None and custom is not None and custom < aten:
             return GraphForm.CUSTOM_OP
+        if profile is not None and aten is None:
+            aten_copies = profile.codec_copy_times.get(codec.name)
+            triton_copies = profile.triton_codec_copy_times.get(codec.name)
+            if aten_copies is not None and triton_copies is not None and triton_copies < aten_copies:
+                return GraphForm.CUSTOM_OP
     return GraphForm.ATEN
 
 

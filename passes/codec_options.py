@@ -145,15 +145,17 @@ def codec_seconds(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, prof
     then inserts), measured on first need and cached per machine
     (`profile_cache.codec_timing`). Built-in GPU profiles: the bytes one
     fused kernel moves, over bandwidth, with no launch of its own
-    (`Codec.cost_seconds`), or, where the profile holds a measured time
-    for the codec in copies of the value (`DeviceProfile.codec_copy_times`:
-    the H200's), at least that many copies' worth."""
+    (`Codec.cost_seconds`), or, where the profile holds measured times for
+    the codec in copies of the value (`DeviceProfile.codec_copy_times` and
+    ``triton_codec_copy_times``: the H200's), at least the faster form's
+    copies' worth (`codec_form.graph_form` inserts that form)."""
     numel = 1
     for s in shape:
         numel *= s
     if profile in BUILTIN_PROFILES.values() or not profile.name.startswith("calibrated"):
         fused = codec.cost_seconds(shape, dtype, profile.memory_bytes_per_s)
-        copies = profile.codec_copy_times.get(codec.name)
+        measured = [t.get(codec.name) for t in (profile.codec_copy_times, profile.triton_codec_copy_times)]
+        copies = min((c for c in measured if c is not None), default=None)
         if copies is None:
             return fused
         copy = 2 * numel * torch.empty((), dtype=dtype).element_size() / profile.memory_bytes_per_s

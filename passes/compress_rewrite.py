@@ -65,6 +65,7 @@ from adacc_compile.kernels import Codec, DecompressKind, get_codec
 from adacc_compile.kernels.aten_graphs import codec_graphs, graph_outputs
 
 from .codec_form import GraphForm, graph_form
+from .device_profile import DeviceProfile
 from .plan_problem import Decision, PlanSolution
 
 _ACTIVATION_BACKWARD = ("gelu_backward", "silu_backward")
@@ -97,9 +98,12 @@ def apply_compression(
     num_fwd_outputs: int,
     realize: bool = False,
     parameters: Mapping[tuple[str, str], torch.Tensor] | None = None,
+    profile: DeviceProfile | None = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Inserts the plan's codecs (see the module docstring); ``parameters``:
-    (value, codec) -> calibrated parameters (`Calibration.codec_parameters`)."""
+    (value, codec) -> calibrated parameters (`Calibration.codec_parameters`);
+    ``profile``: the plan's cost model, which may say which form of a codec
+    is faster on the GPU (`codec_form.graph_form`)."""
     compressed = {n: c.codec for n, c in solution.choices.items() if c.decision is Decision.COMPRESS}
     if not compressed:
         return fw_module, bw_module
@@ -114,7 +118,7 @@ def apply_compression(
         codec = get_codec(codec_name)
         value = fw_nodes[name]
         fake = value.meta["val"]
-        form = graph_form(codec, fake.dtype, fake.device.type)
+        form = graph_form(codec, fake.dtype, fake.device.type, profile)
         if form is GraphForm.ATEN:
             read = _written_once(fw.graph, value) if realize else value
             measured = (parameters or {}).get((name, codec_name))

@@ -46,6 +46,11 @@ class DeviceProfile:
     decompress time in its default (aten, Inductor-compiled) form, as a
     multiple of copying the value, keyed by codec name
     (`codec_options.codec_seconds` charges at least that many copies)."""
+    triton_codec_copy_times: dict[str, float] = field(default_factory=dict)
+    """The same for each codec's custom ops (its hand-written Triton
+    kernels), measured alongside: `codec_form.graph_form` inserts those
+    where they were faster, and `codec_options.codec_seconds` charges the
+    faster form."""
 
     def matmul_rate(self, dtype: torch.dtype | None) -> float:
         key = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
@@ -69,6 +74,7 @@ class DeviceProfile:
             "launch_overhead_s": self.launch_overhead_s,
             "codec_seconds_per_element": dict(self.codec_seconds_per_element),
             "codec_copy_times": dict(self.codec_copy_times),
+            "triton_codec_copy_times": dict(self.triton_codec_copy_times),
         }
 
     @staticmethod
@@ -83,6 +89,9 @@ class DeviceProfile:
                 str(k): float(v) for k, v in data.get("codec_seconds_per_element", {}).items()
             },
             codec_copy_times={str(k): float(v) for k, v in data.get("codec_copy_times", {}).items()},
+            triton_codec_copy_times={
+                str(k): float(v) for k, v in data.get("triton_codec_copy_times", {}).items()
+            },
         )
 
     def digest(self) -> str:
@@ -119,6 +128,8 @@ def _gpu(name: str, bf16: float, tf32: float, fp32: float, bandwidth: float, lau
 #: byte model predicted. Re-measure with gpu_check when a codec changes.
 #: int8_smooth was timed per call (channel factors measured on the value);
 #: a plan's calibrated form skips that pass, so it is charged high here.
+#: `H200_TRITON_CODEC_COPY_TIMES`: the custom ops (hand-written Triton), the
+#: same run; they were faster for fewbit_gelu only.
 H200_CODEC_COPY_TIMES: dict[str, float] = {
     "bitmask": 3.87,
     "fewbit_gelu": 6.34,
@@ -133,12 +144,28 @@ H200_CODEC_COPY_TIMES: dict[str, float] = {
     "softmax_u8": 2.52,
 }
 
+H200_TRITON_CODEC_COPY_TIMES: dict[str, float] = {
+    "bitmask": 11.13,
+    "fewbit_gelu": 3.91,
+    "fewbit_silu": 4.01,
+    "fp8_e4m3": 6.74,
+    "fp8_e5m2": 4.85,
+    "int4_channel": 9.11,
+    "int4_outlier": 13.76,
+    "int8_channel": 6.29,
+    "int8_outlier": 19.44,
+    "int8_smooth": 26.52,
+    "softmax_u8": 6.56,
+}
+
 BUILTIN_PROFILES: dict[str, DeviceProfile] = {
     # bf16 dense matmul, tf32, fp32 (non-tensor-core), HBM bandwidth, launch floor.
     "a100": _gpu("NVIDIA A100-SXM4-80GB", 250e12, 125e12, 17e12, 1.75e12, 3e-6),
     "h100": _gpu("NVIDIA H100 SXM", 700e12, 350e12, 55e12, 3.0e12, 2e-6),
     "h200": dataclasses.replace(
-        _gpu("NVIDIA H200", 790e12, 395e12, 55e12, 4.3e12, 2e-6), codec_copy_times=H200_CODEC_COPY_TIMES
+        _gpu("NVIDIA H200", 790e12, 395e12, 55e12, 4.3e12, 2e-6),
+        codec_copy_times=H200_CODEC_COPY_TIMES,
+        triton_codec_copy_times=H200_TRITON_CODEC_COPY_TIMES,
     ),
 }
 

@@ -39,6 +39,7 @@ from .budget import BudgetResolution, clamp_to_minimum
 from .candidates import CandidateSet
 from .compress_rewrite import apply_compression
 from .depth_fold import DepthFold
+from .device_profile import DeviceProfile
 from .fusion import Realization
 from .memory_sim import MemoryTimeline, simulate_step
 from .milp import SolverOptions, solve_milp, with_start
@@ -73,6 +74,9 @@ class SplitContext:
     """(value, codec) -> parameters calibration measured for that option
     (`Calibration.codec_parameters`); the compress rewrite makes them
     constants of the forward graph."""
+    profile: DeviceProfile | None = None
+    """The plan's cost model: which form of a codec the rewrite inserts
+    (`codec_form.graph_form`)."""
 
     @property
     def forward_names(self) -> set[str]:
@@ -383,7 +387,7 @@ def _split(
     fw, bw = split_joint_graph(context.joint, context.info, saved, num_fwd_outputs=context.num_fwd_outputs)
     fw, bw = apply_compression(
         fw, bw, solution, num_fwd_outputs=context.num_fwd_outputs, realize=context.mode is Realization.INDUCTOR,
-        parameters=context.codec_parameters,
+        parameters=context.codec_parameters, profile=context.profile,
     )
     timeline = simulate_step(
         fw, bw, num_fwd_outputs=context.num_fwd_outputs, forward_names=context.forward_names,

@@ -199,3 +199,30 @@ def test_a_builtin_profile_with_measured_copy_times_charges_at_least_those():
     import dataclasses
 
     assert h200.digest() != dataclasses.replace(h200, codec_copy_times={}).digest()  # plans follow the costs
+
+
+def test_a_builtin_profile_picks_the_faster_measured_form_on_a_gpu(monkeypatch):
+    """On the H200 the hand-written Triton kernels were faster for
+    fewbit_gelu only: a plan on that profile inserts its custom ops on
+    CUDA and charges that form's time; every other codec keeps the aten
+    form, and so does every codec without the profile, or on the CPU."""
+    import torch
+
+    from adacc_compile.kernels import get_codec
+    from adacc_compile.kernels.oplib import triton_available
+    from adacc_compile.passes import codec_form, codec_options
+
+    if not triton_available():
+        pytest.skip("the custom-op form needs Triton")
+    monkeypatch.delenv("ADACC_KERNELS", raising=False)
+    h200 = device_profile.BUILTIN_PROFILES["h200"]
+    gelu, int8 = get_codec("fewbit_gelu"), get_codec("int8_channel")
+    assert h200.triton_codec_copy_times["fewbit_gelu"] < h200.codec_copy_times["fewbit_gelu"]
+    assert codec_form.graph_form(gelu, torch.bfloat16, "cuda", h200) is codec_form.GraphForm.CUSTOM_OP
+    assert codec_form.graph_form(int8, torch.bfloat16, "cuda", h200) is codec_form.GraphForm.ATEN
+    assert codec_form.graph_form(gelu, torch.bfloat16, "cuda") is codec_form.GraphForm.ATEN
+    assert codec_form.graph_form(gelu, torch.bfloat16, "cpu", h200) is codec_form.GraphForm.ATEN
+    shape = (4096, 1024)
+    copy = 2 * 4096 * 1024 * 2 / h200.memory_bytes_per_s
+    charged = codec_options.codec_seconds(gelu, shape, torch.bfloat16, h200)
+    assert charged == pytest.approx(h200.triton_codec_copy_times["fewbit_gelu"] * copy)
