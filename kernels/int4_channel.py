@@ -30,9 +30,10 @@ a (block, channel) holding one is flagged by the sign of its scale and
 quantises with L = 6, so that its codes 7 and -7 are free for ±Inf (an
 infinite product clamps there by itself); NaN is -8 (never a finite
 code). Only flagged blocks lose a level. The reciprocal is computed once
-per block and channel, correctly rounded on every path (torch, Inductor,
-Triton's ``div_rn``), and the product is one float32 multiply: the three
-stay bit-exact, and the codes loop multiplies instead of dividing each
+per block and channel, correctly rounded on every path (torch; Inductor
+through `aten_graphs.divide`, float64 on a GPU; Triton's ``div_rn`` by a
+tensor), and the product is one float32 multiply: the three stay
+bit-exact, and the codes loop multiplies instead of dividing each
 element (a vector division cost more than the rest of that loop on
 AVX512, measured in `bench/RESULTS.md`).
 

@@ -33,9 +33,10 @@ up one level of 127 costs 0.8% of the resolution. The floor keeps the
 reciprocal of a scale finite; a block whose values are all below
 126 * 2^-126 (1.5e-36) in magnitude is stored at that resolution.
 The reciprocal is computed once per block and channel and correctly
-rounded wherever it runs (torch, Inductor, Triton's ``div_rn``), and the
-product is one float32 multiply, so the three give the same codes bit for
-bit; a division per element cost more than the rest of the codes loop in
+rounded wherever it runs (torch; Inductor through `aten_graphs.divide`,
+float64 on a GPU; Triton through `oplib.div_exact`), and the product is
+one float32 multiply, so the three give the same codes bit for bit (on an
+H200 too, `bench/gpu_check.py`); a division per element cost more than the rest of the codes loop in
 Inductor's AVX512 code (`bench/RESULTS.md`).
 
 Error: in one (block, channel) of n <= 64 values with largest magnitude m,
