@@ -290,11 +290,15 @@ def triton_runs_here(device: torch.device) -> bool:
     return is_interpreted(fp8._fp8_compress_kernel)
 
 
-def explain(codec: str, form: str, outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor], x: torch.Tensor) -> None:
-    """Prints where ``form``'s outputs (payload..., decompressed) differ from
-    the reference's, with the relative error of each decompressed value."""
-    if all(same(g, w)[0] for g, w in zip(outputs, reference)):
-        return
+def compare(
+    codec: str, form: str, outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor], x: torch.Tensor
+) -> str:
+    """``form``'s outputs (payload..., decompressed) against the reference's:
+    the verdict for the table; where they differ, also prints where
+    (`describe_difference`) and each decompressed value's relative error."""
+    verdict = _verdict([same(g, w) for g, w in zip(outputs, reference)])
+    if verdict == "exact":
+        return verdict
     labels = [f"payload[{i}]" for i in range(len(outputs) - 1)] + ["decompressed"]
     for label, g, w in zip(labels, outputs, reference):
         print(f"{codec} {form} {describe_difference(label, g, w, x)}")
@@ -303,6 +307,7 @@ def explain(codec: str, form: str, outputs: Sequence[torch.Tensor], reference: S
         norm = float(x[finite].float().norm())
         errors = [float((v[finite].float() - x[finite].float()).norm()) / max(norm, 1e-30) for v in (outputs[-1], reference[-1])]
         print(f"{codec} {form} relative error vs x: {errors[0]:.6g} (reference {errors[1]:.6g})", flush=True)
+    return verdict
 
 
 def check_codec(name: str, shape: tuple[int, int], device: torch.device, inner: int) -> CodecCheck:
@@ -317,16 +322,14 @@ def check_codec(name: str, shape: tuple[int, int], device: torch.device, inner: 
     decompress = compat.inductor_compile_inference(graphs.decompress, reference)
     payload = list(compress(x))
     (restored,) = decompress(*reference)
-    inductor = [same(p, q) for p, q in zip(payload, reference)] + [same(restored, expected)]
-    explain(name, "inductor", payload + [restored], reference + [expected], x)
+    inductor_verdict = compare(name, "inductor", payload + [restored], reference + [expected], x)
     triton_verdict = "n/a (no Triton here)"
     triton = triton_runs_here(device)
     if triton:
         os.environ["ADACC_KERNELS"] = "triton"
         t_payload = list(codec.compress_op(x))
         t_restored = codec.decompress_op(reference, dims, x.dtype)
-        triton_verdict = _verdict([same(p, q) for p, q in zip(t_payload, reference)] + [same(t_restored, expected)])
-        explain(name, "triton", t_payload + [t_restored], reference + [expected], x)
+        triton_verdict = compare(name, "triton", t_payload + [t_restored], reference + [expected], x)
     with measuring():
         copy = device_seconds(lambda: x.clone(), device, inner=inner)
         timings: dict[str, float | None] = {
@@ -345,7 +348,7 @@ def check_codec(name: str, shape: tuple[int, int], device: torch.device, inner: 
         codec=name,
         dtype=str(x.dtype).removeprefix("torch."),
         triton_vs_reference=triton_verdict,
-        inductor_vs_reference=_verdict(inductor),
+        inductor_vs_reference=inductor_verdict,
         copy_gbps=2 * x.numel() * x.element_size() / copy / 1e9,
         **timings,  # type: ignore[arg-type]
     )

@@ -81,3 +81,44 @@ def test_parts_side_by_side(tmp_path):
     assert markdown.index("## Codec kernels") < markdown.index("### gpt:") < markdown.index("### llama:")
     assert "3 processes side by side" in markdown
     assert sorted(p.name for p in (tmp_path / "parts").iterdir()) == ["codecs.log", "gpt.log", "llama.log"]
+
+
+def test_compare_gives_the_verdict_and_logs_where_forms_differ(capsys):
+    x = torch.tensor([[0.5, 1.0], [2.0, 3.0]])
+    codes = torch.tensor([[1, 2], [4, 6]], dtype=torch.int8)
+    assert gpu_check.compare("c", "triton", [codes, x], [codes.clone(), x.clone()], x) == "exact"
+    assert capsys.readouterr().out == ""
+    off = x.clone()
+    off[0, 0] = 0.75
+    assert gpu_check.compare("c", "triton", [codes, off], [codes, x], x) == "differs: 0, 1"
+    out = capsys.readouterr().out
+    assert "c triton payload[0]: same" in out and "c triton decompressed: 1 of 4 differ" in out
+    assert "c triton relative error vs x: " in out and "(reference 0)" in out
+
+
+def test_a_failing_codec_is_a_table_row_and_a_failing_model_a_heading(monkeypatch):
+    row = gpu_check.check_codec_or_error("no_such_codec", (4, 8), torch.device("cpu"), inner=1)
+    assert row.error and "no_such_codec" in row.error and row.faster == "n/a"
+    assert "| no_such_codec | failed: " in gpu_check.codec_table([row])
+
+    def broken(*args):
+        raise RuntimeError("out of memory\nmore detail")
+
+    monkeypatch.setattr(gpu_check, "model_section", broken)
+    text, data = gpu_check.model_section_or_error("gpt", gpu_check.SMOKE, torch.device("cpu"), [0.5], "h100")
+    assert text == "### gpt: failed: RuntimeError: out of memory" and data == {"error": "RuntimeError: out of memory"}
+
+
+def test_measuring_holds_an_exclusive_lock_on_the_named_file(tmp_path, monkeypatch):
+    import fcntl
+
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(gpu_check.LOCK_ENV, str(lock))
+    with gpu_check.measuring():
+        with open(lock, "a") as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(lock, "a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released
+    monkeypatch.delenv(gpu_check.LOCK_ENV)
+    with gpu_check.measuring():  # no lock file named: nothing to hold
+        pass
