@@ -36,8 +36,8 @@ The reciprocal is computed once per block and channel and correctly
 rounded wherever it runs (torch; Inductor through `aten_graphs.divide`,
 float64 on a GPU; Triton through `oplib.div_exact`), and the product is
 one float32 multiply, so the three give the same codes bit for bit (on an
-H200 too, `bench/gpu_check.py`); a division per element cost more than the rest of the codes loop in
-Inductor's AVX512 code (`bench/RESULTS.md`).
+H200 too, `bench/gpu_check.py`); a division per element cost more than
+the rest of the codes loop in Inductor's AVX512 code (`bench/RESULTS.md`).
 
 Error: in one (block, channel) of n <= 64 values with largest magnitude m,
 each code is within half a step (m / 252) of its value, so the relative

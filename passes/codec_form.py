@@ -89,11 +89,9 @@ def graph_form(
         custom = timings.get(codec_key(codec.name, dtype, GraphForm.CUSTOM_OP))
         if aten is not None and custom is not None and custom < aten:
             return GraphForm.CUSTOM_OP
-        if profile is not None and aten is None:
-            aten_copies = profile.codec_copy_times.get(codec.name)
-            triton_copies = profile.triton_codec_copy_times.get(codec.name)
-            if aten_copies is not None and triton_copies is not None and triton_copies < aten_copies:
-                return GraphForm.CUSTOM_OP
+        measured = profile.measured_codec_form(codec.name) if profile is not None and aten is None else None
+        if measured is not None and measured[0]:
+            return GraphForm.CUSTOM_OP
     return GraphForm.ATEN
 
 

@@ -154,12 +154,11 @@ def codec_seconds(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, prof
         numel *= s
     if profile in BUILTIN_PROFILES.values() or not profile.name.startswith("calibrated"):
         fused = codec.cost_seconds(shape, dtype, profile.memory_bytes_per_s)
-        measured = [t.get(codec.name) for t in (profile.codec_copy_times, profile.triton_codec_copy_times)]
-        copies = min((c for c in measured if c is not None), default=None)
-        if copies is None:
+        measured = profile.measured_codec_form(codec.name)
+        if measured is None:
             return fused
-        copy = 2 * numel * torch.empty((), dtype=dtype).element_size() / profile.memory_bytes_per_s
-        return max(fused, copies * copy)
+        copy = 2 * numel * dtype.itemsize / profile.memory_bytes_per_s
+        return max(fused, measured[1] * copy)
     device = profile.name.removeprefix("calibrated ").strip() or "cpu"
     forms = [GraphForm.ATEN]
     if device.startswith("cuda") and triton_available():

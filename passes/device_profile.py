@@ -52,6 +52,15 @@ class DeviceProfile:
     where they were faster, and `codec_options.codec_seconds` charges the
     faster form."""
 
+    def measured_codec_form(self, codec: str) -> tuple[bool, float] | None:
+        """(whether the custom ops were the faster form, that form's time in
+        copies of the value) where this profile holds both forms' measured
+        times for ``codec`` (`codec_copy_times`), else None."""
+        aten, triton = self.codec_copy_times.get(codec), self.triton_codec_copy_times.get(codec)
+        if aten is None or triton is None:
+            return None
+        return triton < aten, min(aten, triton)
+
     def matmul_rate(self, dtype: torch.dtype | None) -> float:
         key = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
         if key in self.matmul_flops_per_s:
