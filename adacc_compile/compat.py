@@ -468,6 +468,23 @@ def allocator_totals(prof: Any) -> list[int]:
     return [total - base for _time, total, _size in events]
 
 
+def record_cuda_memory_history(enabled: bool, max_entries: int = 200_000) -> None:
+    """Starts (or stops) recording every CUDA allocation and free with its
+    Python stack (``torch.cuda.memory._record_memory_history``): an
+    Inductor buffer's stack ends at the line of its generated wrapper code
+    that allocates it, which names the buffer."""
+    if enabled:
+        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=max_entries)
+    else:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def cuda_memory_snapshot() -> dict[str, Any]:
+    """The allocator's segments and the recorded trace
+    (``torch.cuda.memory._snapshot``; pickle it for pytorch.org/memory_viz)."""
+    return torch.cuda.memory._snapshot()
+
+
 # --------------------------------------------------------------------------
 # making Inductor write a value once
 # --------------------------------------------------------------------------
@@ -703,6 +720,14 @@ def inductor_compile_inference(gm: fx.GraphModule, example_inputs: Sequence[torc
 
     with inductor_config.patch(fx_graph_cache=False, custom_partitioner_fn=None):
         return compile_fx(gm, list(example_inputs))
+
+
+def generated_code(fn: Callable[[], Any]) -> list[str]:
+    """The source of every module Inductor generates while ``fn()`` runs
+    (``torch._inductor.utils.run_and_get_code``)."""
+    from torch._inductor.utils import run_and_get_code
+
+    return list(run_and_get_code(fn)[1])
 
 
 def run_isolated(fn: Callable[[], Any]) -> Any:

@@ -354,16 +354,54 @@ def check_codec(name: str, shape: tuple[int, int], device: torch.device, inner: 
     )
 
 
-def check_codec_or_error(name: str, shape: tuple[int, int], device: torch.device, inner: int) -> CodecCheck:
-    """`check_codec`, or a row that says why it failed: one codec's failure
-    must not cost the rest of a run on a borrowed GPU."""
+#: Row label of a codec's compress with calibrated parameters.
+CALIBRATED = " (calibrated)"
+
+
+def check_calibrated_codec(name: str, shape: tuple[int, int], device: torch.device, inner: int) -> CodecCheck | None:
+    """The compress a calibrated plan runs (parameters measured beforehand,
+    a graph input), compiled for ``device``, against the same aten form run
+    eagerly on the CPU (which the CPU tests hold bit-exact to the torch
+    reference with those parameters); None for a codec that takes none.
+    The decompress is the codec's own (timed in its plain row)."""
+    codec = get_codec(name)
+    x = codec_sample(name, shape, device)
+    parameters = codec.calibration_parameters(x)
+    if parameters is None:
+        return None
+    graphs = codec_graphs(codec, x, parameters)
+    compress = compat.inductor_compile_inference(graphs.compress, [x, parameters])
+    payload = list(compress(x, parameters))
+    reference = codec.aten_compress(x.cpu(), parameters.cpu())
+    verdict = _verdict([same(g, w) for g, w in zip(payload, reference)])
+    if verdict != "exact":
+        for i, (g, w) in enumerate(zip(payload, reference)):
+            print(f"{name}{CALIBRATED} inductor {describe_difference(f'payload[{i}]', g, w, x)}", flush=True)
+    with measuring():
+        copy = device_seconds(lambda: x.clone(), device, inner=inner)
+        speed = copy / device_seconds(lambda: compress(x, parameters), device, inner=inner)
+    return CodecCheck(
+        codec=name + CALIBRATED, dtype=str(x.dtype).removeprefix("torch."), triton_vs_reference="n/a (per call only)",
+        inductor_vs_reference=verdict, copy_gbps=2 * x.numel() * x.element_size() / copy / 1e9,
+        triton_compress=None, triton_decompress=None, inductor_compress=speed, inductor_decompress=float("nan"),
+    )
+
+
+def check_codec_or_error(
+    name: str, shape: tuple[int, int], device: torch.device, inner: int, *, calibrated: bool = False
+) -> CodecCheck | None:
+    """`check_codec` (`check_calibrated_codec` with ``calibrated``), or a
+    row that says why it failed: one codec's failure must not cost the rest
+    of a run on a borrowed GPU."""
     try:
+        if calibrated:
+            return check_calibrated_codec(name, shape, device, inner)
         return check_codec(name, shape, device, inner)
     except Exception as exc:  # noqa: BLE001  (reported in the table)
         traceback.print_exc()
         os.environ["ADACC_KERNELS"] = "auto"
         return CodecCheck(
-            codec=name, dtype="", triton_vs_reference="", inductor_vs_reference="", copy_gbps=float("nan"),
+            codec=name + (CALIBRATED if calibrated else ""), dtype="", triton_vs_reference="", inductor_vs_reference="", copy_gbps=float("nan"),
             triton_compress=None, triton_decompress=None, inductor_compress=float("nan"),
             inductor_decompress=float("nan"), error=error_line(exc),
         )
@@ -371,7 +409,7 @@ def check_codec_or_error(name: str, shape: tuple[int, int], device: torch.device
 
 def codec_table(checks: Sequence[CodecCheck]) -> str:
     def fmt(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:.3g}"
+        return "n/a" if v is None or v != v else f"{v:.3g}"
 
     rows = [
         "| codec | dtype | Triton = reference | Inductor = reference | copy GB/s | Triton compress | Triton decompress "
@@ -469,7 +507,12 @@ def model_section_or_error(
 
 def codec_section(names: Sequence[str], sizes: Sizes, device: torch.device, in_time: Callable[..., bool]) -> tuple[str, Any]:
     inner = 20 if device.type == "cuda" else 3
-    checks = [check_codec_or_error(name, sizes.codec_shape, device, inner) for name in names if in_time(f"codec {name}")]
+    checks = []
+    for name in names:
+        for calibrated in (False, True):
+            if in_time(f"codec {name}" + (CALIBRATED if calibrated else "")):
+                check = check_codec_or_error(name, sizes.codec_shape, device, inner, calibrated=calibrated)
+                checks += [] if check is None else [check]
     shape = "x".join(map(str, sizes.codec_shape))
     markdown = (
         f"## Codec kernels ({shape})\n\nTriton / Inductor columns: copy time / codec time (1.00 = as fast as "

@@ -44,10 +44,18 @@ channels are zeroed before the group scales are taken.
 Scales are bfloat16: fp32's range (an fp16 scale overflows for |x| > 458k in
 int4, and underflows for tiny fp32 inputs) at half the bytes. They are
 rounded toward zero, so no dequantised value can exceed its group's largest
-one (no overflow to Inf in fp16); quantisation divides by the *stored* scale
-and clamps, so the short mantissa costs at most 2^-8 of the group's largest
-value on that value. Codes round to nearest even (``torch.round``; the
-kernels add and subtract 1.5 * 2^23), so torch and Triton agree bit for bit.
+one (no overflow to Inf in fp16); quantisation multiplies by the reciprocal
+of the *stored* scale and clamps, so the short mantissa costs at most 2^-8
+of the group's largest value on that value. A scale is at least
+`MIN_SCALE` (the smallest normal float32), so that its reciprocal is finite:
+a group whose values are all below 127 * 2^-126 (1.5e-36) in magnitude is
+stored at that resolution. The reciprocal is computed once per group and
+correctly rounded wherever it runs (torch; Inductor through
+`aten_graphs.divide`; Triton through `oplib.div_exact`), and the product is
+one float32 multiply, so the three give the same codes bit for bit; a
+division per element cost a quarter of the compress in Inductor's AVX512
+code (bench/RESULTS.md). Codes round to nearest even (``torch.round``; the
+kernels add and subtract 1.5 * 2^23).
 
 NaN and ±Inf at any position, in any number, survive with no extra bytes:
 inside an outlier channel they are stored as they are; elsewhere a group that
@@ -68,8 +76,15 @@ input with outlier channels, and at worst 0.012 (Student-t, nu = 2) / 0.142
 (GELU outputs, whose skew wastes half of a symmetric range); declared 0.015
 and 0.16.
 
-The compress reads ``x`` twice (channel statistics, then quantisation): the
-outlier channels must be known before any group scale is.
+Choosing the outlier channels per call reads ``x`` twice (channel
+statistics, then quantisation): they must be known before any group scale
+is. A calibrated plan instead measures them once on a real batch
+(`IntOutlierCodec.calibration_parameters`) and holds them as a constant of
+the compiled graph; its compress then reads ``x`` once, group by group
+(in-graph cost 5.5 -> 2.6 copies of the value on this CPU,
+bench/RESULTS.md). On a later batch whose strongest channels moved, a
+strong channel outside them only widens its group's scale (the worst case
+above still holds); `adacc_compile.monitor` measures that drift.
 """
 
 from __future__ import annotations
@@ -97,6 +112,7 @@ from .oplib import (
     numel_of,
     register_dispatched_ops,
     require_triton,
+    div_exact,
     rne_cast,
     rows_channels,
     tl,
@@ -105,6 +121,9 @@ from .oplib import (
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SCALE_DTYPE = torch.bfloat16
+#: Smallest scale: the smallest normal float32 (a bfloat16 value too), whose
+#: reciprocal is finite.
+MIN_SCALE = 2.0**-126
 #: One outlier slot per this many channels (at least one, at most C).
 OUTLIER_DIVISOR = 64
 #: `calibrate` calls a channel an outlier above this multiple of the median channel.
@@ -237,8 +256,25 @@ def _finite_channel_absmax(x2d: torch.Tensor) -> torch.Tensor:
     return _absmax(x2d, dim=0)
 
 
-def _torch_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
-    """Torch reference compress.
+def check_index(fmt: IntFormat, index: torch.Tensor, channels: int, device: torch.device) -> torch.Tensor:
+    """Calibrated outlier channels (`IntOutlierCodec.calibration_parameters`):
+    int32 ``[K]`` on ``x``'s device. Their values (distinct, ascending, in
+    ``[0, C)``) are not checked: that needs the data, which a traced graph
+    does not have; `calibration_parameters` gives them so."""
+    if not isinstance(index, torch.Tensor) or index.dtype != torch.int32:
+        raise TypeError(f"{fmt.name}: outlier index must be an int32 tensor, got {getattr(index, 'dtype', type(index))}")
+    slots = outlier_slots(channels)
+    if tuple(index.shape) != (slots,):
+        raise ValueError(f"{fmt.name}: outlier index has shape {tuple(index.shape)}, expected ({slots},)")
+    if index.device != device:
+        raise ValueError(f"{fmt.name}: outlier index on {index.device}, value on {device}")
+    return index
+
+
+def _torch_compress(fmt: IntFormat, x: torch.Tensor, index: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Torch reference compress; ``index``: calibrated outlier channels
+    (`IntOutlierCodec.calibration_parameters`), or None to choose them from
+    ``x`` (the op's behaviour).
 
     Written for a small workspace (see `IntOutlierCodec.workspace`): one
     owned float32 copy of ``x`` padded to whole groups is scaled, clamped and
@@ -251,6 +287,8 @@ def _torch_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     check_input(x, codec=fmt.name, dtypes=_DTYPES)
     x2d = _view2d(x)
     rows, channels = x2d.shape
+    if index is not None:
+        index = check_index(fmt, index, channels, x.device)
     groups = (channels + fmt.group - 1) // fmt.group
     padded = groups * fmt.group
     score = _raw_channel_absmax(x2d)  # NaN / Inf where a channel holds one
@@ -266,7 +304,8 @@ def _torch_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
         nonfinite = torch.isnan(xf).logical_or_(torch.isposinf(xf)).logical_or_(torch.isneginf(xf))
         xf.masked_fill_(nonfinite, 0.0)
         score = _finite_channel_absmax(xf[:, :channels])
-    index = select_outlier_channels(score, outlier_slots(channels))
+    if index is None:
+        index = select_outlier_channels(score, outlier_slots(channels))
     xf = xf.view(rows, groups, fmt.group)
     regular = F.pad(slot_map(index, channels) < 0, (0, padded - channels), value=True)
     regular = regular.view(groups, fmt.group)
@@ -279,8 +318,9 @@ def _torch_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     xf.masked_fill_(regular.logical_not(), 0.0)
     absmax = _absmax(xf, dim=-1)
     limit = torch.where(special, fmt.qmax - 1.0, float(fmt.qmax))
-    scale, scale_f = truncate_to_bfloat16(absmax / limit)
-    xf.div_(torch.where(scale_f > 0, scale_f, 1.0).unsqueeze(-1))
+    scale_f = truncate_to_bfloat16(absmax / limit)[1].clamp_min_(MIN_SCALE)
+    scale = scale_f.to(_SCALE_DTYPE)  # exact: a bfloat16 value
+    xf.mul_((1.0 / scale_f).unsqueeze(-1))
     bound = limit.unsqueeze(-1)
     xf.clamp_(-bound, bound).round_()
     codes = xf.view(rows, padded).to(torch.int8)  # |code| <= QMAX: exact
@@ -386,10 +426,12 @@ def _aten_regular(index: torch.Tensor, channels: int, padded: int) -> torch.Tens
     return ones.index_put((index.long(),), torch.zeros_like(index, dtype=torch.float32))
 
 
-def _aten_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
+def _aten_compress(fmt: IntFormat, x: torch.Tensor, index: torch.Tensor | None = None) -> list[torch.Tensor]:
     """`_torch_compress` written for Inductor (the same payload, bit for bit).
 
-    Two passes over ``x``, the fewest the format allows (the outlier
+    With calibrated outlier channels (``index``, passed through as the
+    payload's index) one pass over ``x``: the group scales and the codes.
+    Without, two passes over ``x``, the fewest the format allows (the outlier
     channels, chosen from all rows, decide every group scale): the channel
     maxima (one reduction kernel), then per row and group the scale and
     the codes, which Inductor fuses into one loop nest (the group is reduced
@@ -401,17 +443,20 @@ def _aten_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     """
     check_input(x, codec=fmt.name, dtypes=_DTYPES)
     rows, channels = rows_channels(x.shape)
+    if index is not None:
+        index = check_index(fmt, index, channels, x.device)
     if rows == 0 or channels == 0:
-        return _torch_compress(fmt, x)
+        return _torch_compress(fmt, x, index)
     x2d = x.reshape(rows, channels)
     groups = (channels + fmt.group - 1) // fmt.group
     padded = groups * fmt.group
     pad = (0, padded - channels)
     xf = x2d.float()
-    magnitude = xf.abs()
-    finite = magnitude < float("inf")  # false exactly at NaN and ±Inf
-    clean = torch.where(finite, magnitude, 0.0)
-    index = select_outlier_channels(_aten_channel_absmax(clean), outlier_slots(channels))
+    if index is None:
+        magnitude = xf.abs()
+        finite = magnitude < float("inf")  # false exactly at NaN and ±Inf
+        clean = torch.where(finite, magnitude, 0.0)
+        index = select_outlier_channels(_aten_channel_absmax(clean), outlier_slots(channels))
     regular = _aten_regular(index, channels, padded).view(groups, fmt.group)
     grouped = (F.pad(xf, pad) if padded != channels else xf).view(rows, groups, fmt.group)
     a = grouped.abs()
@@ -420,13 +465,14 @@ def _aten_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     broken = torch.where(ok, 0.0, regular)  # 1.0 at NaN/Inf in regular channels
     special = broken.sum(dim=-1) > 0  # a sum of 0/1: one add per vector (amax propagates NaN: three)
     limit = torch.where(special, fmt.qmax - 1.0, float(fmt.qmax))
-    scale, scale_f = truncate_to_bfloat16(aten_graphs.divide(kept.amax(dim=-1), limit))
+    scale_f = truncate_to_bfloat16(aten_graphs.divide(kept.amax(dim=-1), limit))[1].clamp_min(MIN_SCALE)
+    reciprocal = aten_graphs.written(aten_graphs.divide(1.0, scale_f))
     bound = limit.unsqueeze(-1)
-    # The reference's division, clamp and rounding on x itself: at NaN/Inf
+    # The reference's product, clamp and rounding on x itself: at NaN/Inf
     # they give garbage that the select below replaces by the reserved codes,
     # and the mask then zeroes the outlier channels (whose q is finite or
     # replaced), so the codes loop needs no cleaned copy of x.
-    q = aten_graphs.divide(grouped, torch.where(scale_f > 0, scale_f, 1.0).unsqueeze(-1)).clamp(-bound, bound).round()
+    q = (grouped * reciprocal.unsqueeze(-1)).clamp(-bound, bound).round()
     reserved = torch.where(grouped != grouped, -fmt.qmax - 1.0, torch.where(grouped > 0, float(fmt.qmax), -float(fmt.qmax)))
     # Cast on the [rows, groups, G] shape: the codes kernel then has the
     # reduction's loops outside, and Inductor fuses the two (viewed as
@@ -567,8 +613,7 @@ def _load_half(x_ptr, slot_ptr, rows, rmask, cols, C, stride_r, stride_c):
 @triton_jit
 def _codes(x, finite, regular, scale, limit, QMAX: tl.constexpr):
     # Symmetric codes with round-half-even; non-finite values get reserved codes.
-    denominator = tl.where(scale > 0, scale, 1.0)[:, None]
-    y = tl.math.div_rn(tl.where(regular & finite, x, 0.0), denominator)
+    y = tl.where(regular & finite, x, 0.0) * div_exact(1.0, scale)[:, None]
     y = tl.minimum(tl.maximum(y, -limit[:, None]), limit[:, None])
     # Adding then subtracting 1.5 * 2^23 rounds float32 |y| < 2^22 to nearest
     # even, like torch.round (libdevice rint is not available in the interpreter).
@@ -613,6 +658,7 @@ def _quantize_group(
     limit = tl.where(special, QMAX - 1.0, QMAX * 1.0)
     # bfloat16 scale rounded toward zero (see truncate_to_bfloat16).
     scale = (tl.math.div_rn(amax, limit).to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
+    scale = tl.maximum(scale, 1.1754943508222875e-38)  # MIN_SCALE
     stored = tl.where(special, -scale, scale).to(tl.bfloat16)  # exact: scale is a bfloat16 value
     tl.store(scale_ptr + rows * num_groups + group, stored, mask=_when(rmask, own_first))
     outlier_a = _when(valid_a & (slot_a >= 0)[None, :], own_first)
@@ -847,8 +893,22 @@ class IntOutlierCodec(OpCodec):
     def payload_spec(self, shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
         return int_outlier_payload_spec(self.fmt, shape, dtype)
 
-    def aten_compress(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return _aten_compress(self.fmt, x)
+    def calibration_parameters(self, x: torch.Tensor) -> torch.Tensor:
+        """The outlier channels of ``x`` (int32 ``[K]``, ascending, on its
+        device): the ones its compress would choose. Held by a calibrated
+        plan as a constant, they spare the compress its pass of channel
+        maxima and its sort (the payload is bit for bit the same on ``x``
+        itself). On another batch a large value outside them only widens its
+        group's scale (the error stays within the codec's worst case, see
+        the module docstring); `adacc_compile.monitor` measures that drift
+        with these parameters."""
+        check_input(x, codec=self.name, dtypes=_DTYPES)
+        x2d = _view2d(x.detach())
+        return select_outlier_channels(torch_channel_absmax(x2d), outlier_slots(x2d.shape[1]))
+
+    def aten_compress(self, x: torch.Tensor, parameters: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """See `_aten_compress`; ``parameters``: the outlier channels."""
+        return _aten_compress(self.fmt, x, parameters)
 
     def aten_decompress(
         self, payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype
@@ -911,8 +971,9 @@ class IntOutlierCodec(OpCodec):
         extra = numel_of([int(s) for s in shape]) * dtype.itemsize
         return super().cost_seconds(shape, dtype, bandwidth_bytes_per_s) + extra / bandwidth_bytes_per_s
 
-    def calibrate(self, samples: Sequence[torch.Tensor]) -> CodecStats:
-        """Round-trip error (as `OpCodec`) plus the outlier channels of the samples.
+    def calibrate(self, samples: Sequence[torch.Tensor], parameters: torch.Tensor | None = None) -> CodecStats:
+        """Round-trip error (as `OpCodec`, with ``parameters`` as the
+        outlier channels when given) plus the outlier channels of the samples.
 
         A channel is reported as an outlier when its largest finite |x| over
         all samples exceeds `OUTLIER_RATIO` times the median channel's.
@@ -922,7 +983,7 @@ class IntOutlierCodec(OpCodec):
         Raises:
             ValueError: The samples disagree on the channel count.
         """
-        base = super().calibrate(samples)
+        base = super().calibrate(samples, parameters)
         if not samples:
             return base
         channel_counts = {rows_channels(x.shape)[1] for x in samples}

@@ -32,11 +32,13 @@ def test_codec_section_on_cpu(tmp_path):
     markdown, data = _run(tmp_path, "--codecs", "int8_outlier", "bitmask", "--models")
     assert "## Codec kernels" in markdown
     rows = {row["codec"]: row for row in data["codecs"]}
-    assert set(rows) == {"int8_outlier", "bitmask"}
-    for row in rows.values():
-        assert row["inductor_vs_reference"] == "exact"
-        assert row["triton_vs_reference"] == "exact"  # under TRITON_INTERPRET=1
-        assert row["inductor_compress"] > 0 and row["inductor_decompress"] > 0
+    assert set(rows) == {"int8_outlier", "int8_outlier (calibrated)", "bitmask"}
+    for name in ("int8_outlier", "bitmask"):
+        assert rows[name]["inductor_vs_reference"] == "exact"
+        assert rows[name]["triton_vs_reference"] == "exact"  # under TRITON_INTERPRET=1
+        assert rows[name]["inductor_compress"] > 0 and rows[name]["inductor_decompress"] > 0
+    assert rows["int8_outlier (calibrated)"]["inductor_vs_reference"] == "exact"
+    assert rows["int8_outlier (calibrated)"]["inductor_compress"] > 0
 
 
 @pytest.mark.slow
@@ -96,6 +98,15 @@ def test_compare_gives_the_verdict_and_logs_where_forms_differ(capsys):
     assert "c triton relative error vs x: " in out and "(reference 0)" in out
 
 
+def test_the_calibrated_compress_is_checked_for_codecs_that_take_parameters():
+    cpu = torch.device("cpu")
+    row = gpu_check.check_codec_or_error("int8_outlier", (64, 128), cpu, inner=1, calibrated=True)
+    assert row.codec == "int8_outlier (calibrated)" and row.error is None
+    assert row.inductor_vs_reference == "exact" and row.inductor_compress > 0
+    assert "| int8_outlier (calibrated) | bfloat16 | n/a (per call only) | exact |" in gpu_check.codec_table([row])
+    assert gpu_check.check_codec_or_error("bitmask", (64, 128), cpu, inner=1, calibrated=True) is None
+
+
 def test_a_failing_codec_is_a_table_row_and_a_failing_model_a_heading(monkeypatch):
     row = gpu_check.check_codec_or_error("no_such_codec", (4, 8), torch.device("cpu"), inner=1)
     assert row.error and "no_such_codec" in row.error and row.faster == "n/a"
@@ -122,3 +133,17 @@ def test_measuring_holds_an_exclusive_lock_on_the_named_file(tmp_path, monkeypat
     monkeypatch.delenv(gpu_check.LOCK_ENV)
     with gpu_check.measuring():  # no lock file named: nothing to hold
         pass
+
+
+@pytest.mark.slow  # ~30 s: compiles two tiny models twice
+def test_memory_probe_smoke_run(tmp_path):
+    probe = SCRIPT.parent / "gpu_memory_probe.py"
+    env = {**os.environ, "OUT": str(tmp_path)}
+    subprocess.run([sys.executable, str(probe), "--smoke", "--models", "llama", "--codec-code", "int8_outlier"],
+                   check=True, env=env, timeout=600, capture_output=True)
+    assert "def call" in (tmp_path / "codec_code" / "int8_outlier.py").read_text()
+    records = json.loads((tmp_path / "memory_probe.json").read_text())["records"]
+    assert [r["variant"] for r in records] == ["no checkpointing", "adacc"]
+    assert all("error" not in r and r["measured_peak_bytes"] > 0 for r in records)
+    assert records[1]["predicted_peak_bytes"] > 0
+    assert (tmp_path / "dump_llama").is_dir()

@@ -109,6 +109,121 @@ def realistic_activations(rows: int = 64, cols: int = 512) -> Iterator[tuple[str
     yield "llm_outliers", llm_like(rows, cols, outliers=4)
 
 
+# ---------------------------------------------------------------- calibrated outlier channels
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_calibrated_channels_are_the_ones_a_call_chooses(name: str, dtype: torch.dtype) -> None:
+    """On the value it was measured on, the calibrated compress gives the
+    per-call payload bit for bit, and passes the index through."""
+    codec = get_codec(name)
+    for shape in ((37, 300), (2, 3, 65), (7,), (), (0, 5), (5, 0)):
+        x = _data(shape, dtype, seed=3)
+        index = codec.calibration_parameters(x)
+        assert index.dtype == torch.int32 and tuple(index.shape) == (int(int_outlier.outlier_slots(x.shape[-1] if x.dim() else 1)),)
+        per_call = codec.aten_compress(x)
+        calibrated = codec.aten_compress(x, index)
+        assert _same_payload(per_call, calibrated), (shape, dtype)
+        assert calibrated[2] is index
+        assert _same_payload(calibrated, REFERENCE[name][0](x)), (shape, dtype)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_other_calibrated_channels_match_the_reference_and_stay_exact(name: str) -> None:
+    """A batch whose outliers moved: the calibrated channels are still the
+    exact ones, a new strong channel only widens its group's scale, and the
+    error stays within the codec's worst case."""
+    codec, fmt = get_codec(name), FORMATS[name]
+    calibration = llm_like(64, 512, outliers=8, seed=1)
+    index = codec.calibration_parameters(calibration)
+    x = llm_like(64, 512, outliers=8, seed=2)
+    x[:, 100] *= 40  # an outlier the calibration did not see
+    x[3, 7], x[4, index[0]] = float("nan"), float("-inf")
+    payload = codec.aten_compress(x, index)
+    assert _same_payload(payload, int_outlier._torch_compress(fmt, x, index))
+    out = codec.aten_decompress(payload, list(x.shape), x.dtype)
+    assert _same(out[:, index.long()], x[:, index.long()])
+    assert out[3, 7].isnan() and out[4, index[0]] == float("-inf")
+    finite = torch.isfinite(x)
+    err = torch.where(finite, out - x, 0.0).norm() / torch.where(finite, x, 0.0).norm()
+    assert err <= (fmt.group**0.5) / (2 * (fmt.qmax - 1)) + 2.0**-7
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_inductor_compiled_calibrated_compress_equals_reference(name: str) -> None:
+    from adacc_compile import compat
+
+    codec, fmt = get_codec(name), FORMATS[name]
+    x = _data((37, 200), torch.bfloat16, seed=4)
+    index = codec.calibration_parameters(_data((37, 200), torch.bfloat16, seed=5) * torch.linspace(1, 9, 200).to(torch.bfloat16))
+    graph = compat.trace_aten(lambda v, i: tuple(codec.aten_compress(v, i)), [x, index])
+    payload = compat.inductor_compile_inference(graph, [x, index])(x, index)
+    assert _same_payload(list(payload), int_outlier._torch_compress(fmt, x, index))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_calibrated_compress_reads_rows_only(name: str) -> None:
+    """With calibrated channels: no channel maxima over the rows and no sort."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    codec = get_codec(name)
+    x = torch.randn(16, 256)
+    index = codec.calibration_parameters(x)
+
+    def reductions(gm) -> list[str]:
+        names = [str(n.target) for n in gm.graph.nodes]
+        return [n for n in names if any(r in n for r in ("sort", "topk", "amax", "max.dim", "aminmax"))]
+
+    with_index = reductions(make_fx(lambda v, i: tuple(codec.aten_compress(v, i)))(x, index))
+    assert with_index == ["aten.amax.default"], with_index
+    without = reductions(make_fx(lambda v: tuple(codec.aten_compress(v)))(x))
+    assert any("sort" in n for n in without) and len(without) > 1, without
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_wrong_calibrated_channels_raise(name: str) -> None:
+    codec, fmt = get_codec(name), FORMATS[name]
+    x = torch.randn(4, 256)
+    with pytest.raises(ValueError, match="expected \\(4,\\)"):
+        codec.aten_compress(x, torch.arange(3, dtype=torch.int32))
+    with pytest.raises(TypeError, match="int32"):
+        codec.aten_compress(x, torch.arange(4))
+    with pytest.raises(ValueError, match="expected"):
+        int_outlier._torch_compress(fmt, x, torch.arange(5, dtype=torch.int32))
+    with pytest.raises(ValueError, match="meta"):
+        codec.aten_compress(x, torch.arange(4, dtype=torch.int32, device="meta"))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_calibrate_with_parameters_runs_the_calibrated_form(name: str) -> None:
+    codec = get_codec(name)
+    x = llm_like(64, 256, outliers=4)
+    index = codec.calibration_parameters(x)
+    with_index = codec.calibrate([x], index)
+    assert with_index.relative_error == pytest.approx(codec.calibrate([x]).relative_error, rel=1e-12)
+    # Channels that miss the outliers cost accuracy, and calibrate shows it.
+    wrong = torch.arange(int(index.shape[0]), dtype=torch.int32) * 2 + 1
+    assert codec.calibrate([x], wrong).relative_error > 2 * with_index.relative_error
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_tiny_values_keep_a_finite_reciprocal(name: str) -> None:
+    """Scales have a floor (the smallest normal float32), so the reciprocal
+    that the codes are multiplied by is finite: subnormal inputs give small
+    codes, not saturated ones, and an all-zero group gets the floor."""
+    codec, fmt = get_codec(name), FORMATS[name]
+    x = torch.zeros(2, 128)
+    x[0] = torch.linspace(-1, 1, 128) * 1e-40  # subnormal float32
+    for compress in (codec.aten_compress, REFERENCE[name][0]):
+        payload = compress(x)
+        scales = payload[1].float()
+        assert (scales == int_outlier.MIN_SCALE).all()
+        out = codec.aten_decompress(payload, [2, 128], torch.float32)
+        assert torch.isfinite(out).all() and (out[1] == 0).all()
+        assert (out[0].abs() <= 1e-40).all()
+
+
 # ---------------------------------------------------------------- reference + ops
 
 
