@@ -364,7 +364,7 @@ def capture_joint_graph(model: torch.nn.Module, inputs: Sequence[Any]) -> Captur
     captured: list[CapturedJoint] = []
 
     def partition(gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
-        captured.append(CapturedJoint(gm, joint_inputs, kwargs))
+        captured.append(CapturedJoint(inductor_joint_graph_passes(gm, joint_inputs), joint_inputs, kwargs))
         raise _JointCaptured
 
     def never_called(gm: fx.GraphModule, example_inputs: Any) -> Any:
@@ -398,6 +398,31 @@ def capture_joint_graph(model: torch.nn.Module, inputs: Sequence[Any]) -> Captur
     if not captured:
         raise RuntimeError("no joint graph was captured: the model's first graph computes no gradient")
     return captured[0]
+
+
+def inductor_joint_graph_passes(gm: fx.GraphModule, joint_inputs: Sequence[Any]) -> fx.GraphModule:
+    """The joint graph after Inductor's joint-graph passes, which its
+    ``partition_fn`` runs before any partitioner (adacc's backend included):
+    the graph a compiled step plans. They rewrite what Inductor compiles
+    differently, for instance the cross-entropy backward's scatter into a
+    zero-filled ``[tokens, vocabulary]`` tensor into a pointwise select
+    (a 500 MiB float32 buffer for a 32000-word vocabulary and 4096 tokens
+    that a plan of the unrewritten graph counted and a GPU never held)."""
+    import contextlib
+
+    from torch._guards import detect_fake_mode
+    from torch._inductor import compile_fx as _compile_fx
+    from torch._inductor.virtualized import V
+
+    passes = _compile_fx._recursive_joint_graph_passes
+    fake_mode = detect_fake_mode(list(joint_inputs))
+    # Inductor's compile sets the fake mode its passes build new values in.
+    in_fake_mode = V.set_fake_mode(fake_mode) if fake_mode is not None else contextlib.nullcontext()
+    with in_fake_mode, _compile_fx.get_cuda_device_context(gm):
+        if "input_device" in inspect.signature(passes).parameters:
+            devices = _compile_fx.get_inputs_devices(joint_inputs, gm)
+            return passes(gm, skip_invoke_subgraph=True, input_device=next(iter(devices), None))
+        return passes(gm, skip_invoke_subgraph=True)
 
 
 def joint_outputs_scalar(captured: CapturedJoint) -> bool:

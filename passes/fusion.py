@@ -19,8 +19,10 @@ The rules (`Realization`):
 * ``eager`` (the ``adacc_eager`` backend): every op runs on its own and
   materialises its output.
 * ``inductor``: a pointwise op (``torch.Tag.pointwise``) whose consumers are
-  all pointwise ops or reductions (looking through views) is fused into them
-  and never materialised; anything else (matmuls, attention, reductions,
+  all pointwise ops, reductions or indexing loads (``gather``, ``index``,
+  ``embedding``; looking through views) is fused into them and never
+  materialised, and so is a constant fill read only by such ops or copied
+  by a functional scatter into its output; anything else (matmuls, attention, reductions,
   norms, random ops, collectives, custom ops, indexing) produces a buffer,
   and a pointwise value read by such an op, directly or through a view, must
   be materialised too. Views never allocate. A value fused into the one op
@@ -65,6 +67,29 @@ class Realization(str, enum.Enum):
 
 
 _FUSIBLE_CLASSES = (OpClass.ELEMENTWISE, OpClass.ACTIVATION, OpClass.MASK, OpClass.VIEW)
+#: Ops that Inductor lowers to a pointwise kernel loading the tensor they
+#: index through its loader (``torch/_inductor/lowering.py``: ``gather``,
+#: ``index``, ``_unsafe_index``, ``embedding``), so an unmaterialised
+#: pointwise producer is inlined into them rather than written: the
+#: cross-entropy's log-probabilities, read by the gather of the targets,
+#: never exist in memory (measured on an H200 and on this CPU; counting
+#: them put a 32000-word vocabulary's 500 MiB into the forward's peak).
+_INLINING_INDEXERS = frozenset({"aten.gather", "aten.index", "aten._unsafe_index", "aten.embedding"})
+#: Constant fills: an index expression in the kernels that read them.
+_CONSTANT_FILLS = frozenset({"aten.full", "aten.zeros", "aten.ones", "aten.scalar_tensor"})
+#: Functional scatters that Inductor lowers as a copy of their first input
+#: into their own output buffer, then written in place: a constant first
+#: input is that copy's fill, not a buffer of its own (the embedding
+#: backward's zeros, 250 MiB for a 32000 x 2048 float32 table, counted
+#: twice before).
+_SCATTERS_INTO_A_COPY = frozenset({
+    "aten.index_put", "aten._unsafe_index_put", "aten._unsafe_masked_index_put_accumulate",
+    "aten.scatter", "aten.scatter_add", "aten.scatter_reduce", "aten.as_strided_scatter",
+})
+#: Ops without the pointwise tag that Inductor lowers to a pointwise kernel
+#: (a select between their two inputs): fused like any pointwise op (the
+#: RoPE backward's scatters of the even and odd halves into zeros).
+_POINTWISE_LOWERINGS = frozenset({"aten.slice_scatter", "aten.select_scatter"})
 
 
 def _op_class(node: fx.Node) -> OpClass:
@@ -76,6 +101,8 @@ def is_pointwise(node: fx.Node) -> bool:
     """A pointwise op Inductor can fuse (views are handled separately)."""
     if node.op != "call_function":
         return False
+    if op_name(node) in _POINTWISE_LOWERINGS:
+        return True
     return torch.Tag.pointwise in getattr(node.target, "tags", ()) and _op_class(node) in _FUSIBLE_CLASSES
 
 
@@ -91,7 +118,24 @@ def absorbs_producer(node: fx.Node) -> bool:
     if is_view_op(node):
         return all(c.op != "output" and absorbs_producer(c) for c in node.users)
     tags = getattr(node.target, "tags", ())
-    return torch.Tag.pointwise in tags or _op_class(node) is OpClass.REDUCTION
+    name = op_name(node)
+    return (
+        torch.Tag.pointwise in tags
+        or _op_class(node) is OpClass.REDUCTION
+        or name in _INLINING_INDEXERS
+        or name in _POINTWISE_LOWERINGS
+    )
+
+
+def _fill_needs_no_buffer(node: fx.Node, consumers: list[fx.Node]) -> bool:
+    """A constant fill whose every reader inlines it (a fusible op) or
+    copies it into its own output (a functional scatter's first input)."""
+    if node.op != "call_function" or op_name(node) not in _CONSTANT_FILLS or not consumers:
+        return False
+    return all(
+        absorbs_producer(c) or (op_name(c) in _SCATTERS_INTO_A_COPY and c.args and c.args[0] is node)
+        for c in consumers
+    )
 
 
 def materialised(
@@ -109,9 +153,11 @@ def materialised(
     simulated peak corrects what that leaves out."""
     if node.op != "call_function" or is_view_op(node):
         return False
+    consumers = list(consumers)
+    if mode is Realization.INDUCTOR and _fill_needs_no_buffer(node, consumers):
+        return False
     if mode is Realization.EAGER or not is_pointwise(node):
         return True
-    consumers = list(consumers)
     if any(c.op == "output" for c in consumers) or not all(absorbs_producer(c) for c in consumers):
         return True
     if memo is None:

@@ -284,3 +284,49 @@ def test_a_fused_values_reads_extend_only_to_readers_that_wait_for_a_later_matmu
     assert runs == position["add_1"] > own  # where s * 3 + p is computed
     own, runs, _ = _kernel_position_of_s(early)
     assert runs == own
+
+
+def _forward_saving_a_product(x, w):
+    a = x @ w  # 64 x 64 fp32: 16 KiB, saved for the backward
+    return a.sum(), a
+
+
+def _gradient_in_place(a, tangent, w):
+    g = a * tangent - 1.0  # same size and dtype as a, a's last reader: written into a
+    return (g @ w,)
+
+
+def _gradient_transposed(a, tangent, w):
+    g = a.t() * tangent - 1.0  # reads a transposed: no in-place write
+    return (g @ w,)
+
+
+def _step(backward):
+    fw = make_fx(_forward_saving_a_product, tracing_mode="fake")(torch.randn(64, 32), torch.randn(32, 64))
+    bw = make_fx(backward, tracing_mode="fake")(torch.randn(64, 64), torch.randn(()), torch.randn(64, 64))
+    saved = next(n for n in fw.graph.nodes if n.op == "call_function" and n.target == torch.ops.aten.mm.default)
+    next(n for n in bw.graph.nodes if n.op == "placeholder").name = saved.name
+    return fw, bw
+
+
+def _backward_live(backward, mode) -> dict[str, int]:
+    fw, bw = _step(backward)
+    timeline = simulate_step(fw, bw, num_fwd_outputs=1, mode=mode)
+    return {e.node: e.live_bytes for e in timeline.events if e.phase == "backward"}
+
+
+def test_a_pointwise_kernel_writes_into_a_dying_saved_value_of_its_size():
+    """Inductor's in-place update: the gradient kernel reads the saved value
+    element for element as its last reader and writes its output there
+    (a donated backward input), so no buffer is allocated for it; eagerly,
+    or when the read is transposed, the output is a buffer of its own."""
+    from adacc_compile.passes.fusion import Realization
+
+    kib16 = 64 * 64 * 4
+    inductor = _backward_live(_gradient_in_place, Realization.INDUCTOR)
+    eager = _backward_live(_gradient_in_place, Realization.EAGER)
+    transposed = _backward_live(_gradient_transposed, Realization.INDUCTOR)
+    assert inductor["sub"] == 4 + kib16  # the loss (4 B) and one 16 KiB buffer: a, then g in it
+    assert inductor["mm"] == 4 + 2 * kib16  # g and the product
+    assert eager["sub"] == 4 + 2 * kib16  # the product and the difference, each a buffer
+    assert transposed["sub"] == 4 + 2 * kib16
