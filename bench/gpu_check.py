@@ -401,7 +401,8 @@ def check_codec_or_error(
         traceback.print_exc()
         os.environ["ADACC_KERNELS"] = "auto"
         return CodecCheck(
-            codec=name + (CALIBRATED if calibrated else ""), dtype="", triton_vs_reference="", inductor_vs_reference="", copy_gbps=float("nan"),
+            codec=name + (CALIBRATED if calibrated else ""), dtype="", triton_vs_reference="",
+            inductor_vs_reference="", copy_gbps=float("nan"),
             triton_compress=None, triton_decompress=None, inductor_compress=float("nan"),
             inductor_decompress=float("nan"), error=error_line(exc),
         )

@@ -62,14 +62,20 @@ def _inductor_files(snapshot: dict[str, Any]) -> set[str]:
     return files
 
 
-def probe(model_name: str, variant: str, sizes: gpu_check.Sizes, device: torch.device, budget: float, out: pathlib.Path) -> dict[str, Any]:
+def probe(
+    model_name: str, variant: str, sizes: gpu_check.Sizes, device: torch.device, budget: float, out: pathlib.Path
+) -> dict[str, Any]:
     """One variant's step: measured peak above the weights, adacc's
     prediction, and (on a GPU) the allocator trace."""
     model, batches = gpu_check.build_model(model_name, sizes, device)
     partitioner = None
     if variant == "adacc":
-        options = {"memory_budget": budget, "accuracy": "lossless", "device_profile": "auto" if device.type == "cuda" else "h100",
-                   "dump_dir": str(out / f"dump_{model_name}")}
+        options = {
+            "memory_budget": budget,
+            "accuracy": "lossless",
+            "device_profile": "auto" if device.type == "cuda" else "h100",
+            "dump_dir": str(out / f"dump_{model_name}"),
+        }
         partitioner = AdaccPartitioner(AdaccConfig.from_options(options))
         fn = torch.compile(model, backend=partitioner.backend())
     else:
@@ -160,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # noqa: BLE001  (a borrowed GPU: record and go on)
                 records.append({"model": model_name, "variant": variant, "error": f"{type(exc).__name__}: {exc}"[:300]})
             print(json.dumps(records[-1]), flush=True)
-            (out / "memory_probe.json").write_text(json.dumps({"machine": gpu_check.machine_line(device), "records": records}, indent=1))
+            report = {"machine": gpu_check.machine_line(device), "records": records}
+            (out / "memory_probe.json").write_text(json.dumps(report, indent=1))
     return 0
 
 

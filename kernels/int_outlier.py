@@ -262,7 +262,8 @@ def check_index(fmt: IntFormat, index: torch.Tensor, channels: int, device: torc
     ``[0, C)``) are not checked: that needs the data, which a traced graph
     does not have; `calibration_parameters` gives them so."""
     if not isinstance(index, torch.Tensor) or index.dtype != torch.int32:
-        raise TypeError(f"{fmt.name}: outlier index must be an int32 tensor, got {getattr(index, 'dtype', type(index))}")
+        got = getattr(index, "dtype", type(index))
+        raise TypeError(f"{fmt.name}: outlier index must be an int32 tensor, got {got}")
     slots = outlier_slots(channels)
     if tuple(index.shape) != (slots,):
         raise ValueError(f"{fmt.name}: outlier index has shape {tuple(index.shape)}, expected ({slots},)")

@@ -318,7 +318,9 @@ def _run_graph(
 
 #: Views that keep an element's position in its storage (an in-place write
 #: reads each element where it writes it).
-_ORDER_KEEPING_VIEWS = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape", "aten.unsqueeze", "aten.squeeze", "aten.alias"})
+_ORDER_KEEPING_VIEWS = frozenset(
+    {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.unsqueeze", "aten.squeeze", "aten.alias"}
+)
 
 
 def _inplace_donor(

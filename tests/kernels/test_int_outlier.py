@@ -121,7 +121,8 @@ def test_calibrated_channels_are_the_ones_a_call_chooses(name: str, dtype: torch
     for shape in ((37, 300), (2, 3, 65), (7,), (), (0, 5), (5, 0)):
         x = _data(shape, dtype, seed=3)
         index = codec.calibration_parameters(x)
-        assert index.dtype == torch.int32 and tuple(index.shape) == (int(int_outlier.outlier_slots(x.shape[-1] if x.dim() else 1)),)
+        channels = x.shape[-1] if x.dim() else 1
+        assert index.dtype == torch.int32 and tuple(index.shape) == (int(int_outlier.outlier_slots(channels)),)
         per_call = codec.aten_compress(x)
         calibrated = codec.aten_compress(x, index)
         assert _same_payload(per_call, calibrated), (shape, dtype)
@@ -156,7 +157,8 @@ def test_inductor_compiled_calibrated_compress_equals_reference(name: str) -> No
 
     codec, fmt = get_codec(name), FORMATS[name]
     x = _data((37, 200), torch.bfloat16, seed=4)
-    index = codec.calibration_parameters(_data((37, 200), torch.bfloat16, seed=5) * torch.linspace(1, 9, 200).to(torch.bfloat16))
+    other = _data((37, 200), torch.bfloat16, seed=5) * torch.linspace(1, 9, 200).to(torch.bfloat16)
+    index = codec.calibration_parameters(other)
     graph = compat.trace_aten(lambda v, i: tuple(codec.aten_compress(v, i)), [x, index])
     payload = compat.inductor_compile_inference(graph, [x, index])(x, index)
     assert _same_payload(list(payload), int_outlier._torch_compress(fmt, x, index))

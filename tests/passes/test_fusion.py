@@ -212,7 +212,8 @@ def test_a_fill_read_by_a_matmul_is_materialised():
 
 def _halves_scattered(even, odd):
     zeros = torch.zeros(64, 32)
-    full = torch.ops.aten.slice_scatter(zeros, even, 1, 0, None, 2) + torch.ops.aten.slice_scatter(zeros, odd, 1, 1, None, 2)
+    scatter = torch.ops.aten.slice_scatter
+    full = scatter(zeros, even, 1, 0, None, 2) + scatter(zeros, odd, 1, 1, None, 2)
     return (full * 3).sum(0)
 
 
@@ -224,7 +225,8 @@ def test_slice_scatters_into_zeros_are_fused_as_inductor_fuses_them():
     assert _big_buffers(_halves_scattered, inputs, 64 * 32) == 0
     gm = make_fx(_halves_scattered, tracing_mode="fake")(*inputs)
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in (torch.ops.aten.slice_scatter.default, torch.ops.aten.zeros.default):
+        scatters_or_fills = (torch.ops.aten.slice_scatter.default, torch.ops.aten.zeros.default)
+        if node.op == "call_function" and node.target in scatters_or_fills:
             assert not materialised(node, node.users, Realization.INDUCTOR, {}), node
 
 
