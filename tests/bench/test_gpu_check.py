@@ -147,3 +147,34 @@ def test_memory_probe_smoke_run(tmp_path):
     assert all("error" not in r and r["measured_peak_bytes"] > 0 for r in records)
     assert records[1]["predicted_peak_bytes"] > 0
     assert (tmp_path / "dump_llama").is_dir()
+
+
+def _parts_namespace(tmp_path, hard_stop_s: float):
+    import argparse
+
+    return argparse.Namespace(out=str(tmp_path), codecs=["bitmask"], models=["gpt"], hard_stop_s=hard_stop_s)
+
+
+def test_a_part_that_crashes_is_reported_with_its_exit_code(tmp_path, monkeypatch):
+    """A part process that dies without writing its result (here: the
+    interpreter is /bin/false) is listed as missing, the run goes on."""
+    import time
+
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    report = gpu_check.Report(out=tmp_path)
+    missing = gpu_check.run_parts_side_by_side(_parts_namespace(tmp_path, 60.0), [], report, time.perf_counter())
+    assert missing == ["codecs (exit code 1; see parts/codecs.log)", "gpt (exit code 1; see parts/gpt.log)"]
+    assert report.sections == [] and not list((tmp_path / "parts").glob("*.json"))
+
+
+def test_a_part_past_the_hard_stop_is_killed_and_reported(tmp_path, monkeypatch):
+    import time
+
+    hang = tmp_path / "hang.sh"
+    hang.write_text("#!/bin/sh\nsleep 60\n")
+    hang.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(hang))
+    start = time.perf_counter()
+    missing = gpu_check.run_parts_side_by_side(_parts_namespace(tmp_path, 1.0), [], gpu_check.Report(out=tmp_path), start)
+    assert time.perf_counter() - start < 30
+    assert missing == ["codecs (exit code -9; see parts/codecs.log)", "gpt (exit code -9; see parts/gpt.log)"]
