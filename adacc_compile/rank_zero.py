@@ -56,7 +56,11 @@ def from_rank_zero(kind: str, measure: Callable[[], T], timeout_s: float) -> T:
         store.set(key, pickle.dumps(value))
         return value
     wait_for_keys(store, [key], timeout_s, f"rank 0's {kind} #{sequence}")
-    return pickle.loads(store.get(key))
+    # Real tensors: unpickled under the partitioner's fake mode, a
+    # calibration's parameters would become fake, and the constant the
+    # compiled graph holds with them would fail at the first step.
+    with compat.real_tensors():
+        return pickle.loads(store.get(key))
 
 
 def shared_calibration(measure: Callable[[], Calibration], lossy: dict[str, list[str]], timeout_s: float) -> Calibration:
