@@ -499,7 +499,9 @@ def record_cuda_memory_history(enabled: bool, max_entries: int = 200_000) -> Non
     Inductor buffer's stack ends at the line of its generated wrapper code
     that allocates it, which names the buffer."""
     if enabled:
-        torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=max_entries)
+        torch.cuda.memory._record_memory_history(
+            enabled="all", context="all", stacks="python", max_entries=max_entries
+        )
     else:
         torch.cuda.memory._record_memory_history(enabled=None)
 

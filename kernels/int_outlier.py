@@ -80,9 +80,8 @@ Choosing the outlier channels per call reads ``x`` twice (channel
 statistics, then quantisation): they must be known before any group scale
 is. A calibrated plan instead measures them once on a real batch
 (`IntOutlierCodec.calibration_parameters`) and holds them as a constant of
-the compiled graph; its compress then reads ``x`` once, group by group
-(in-graph cost 5.5 -> 2.6 copies of the value on this CPU,
-bench/RESULTS.md). On a later batch whose strongest channels moved, a
+the compiled graph; its compress then reads ``x`` once, group by group,
+with no sort. On a later batch whose strongest channels moved, a
 strong channel outside them only widens its group's scale (the worst case
 above still holds); `adacc_compile.monitor` measures that drift.
 """
@@ -107,12 +106,12 @@ from .oplib import (
     check_output_dtype,
     check_payload,
     check_shape,
+    div_exact,
     known_true,
     launch,
     numel_of,
     register_dispatched_ops,
     require_triton,
-    div_exact,
     rne_cast,
     rows_channels,
     tl,

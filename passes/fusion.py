@@ -18,12 +18,13 @@ The rules (`Realization`):
 
 * ``eager`` (the ``adacc_eager`` backend): every op runs on its own and
   materialises its output.
-* ``inductor``: a pointwise op (``torch.Tag.pointwise``) whose consumers are
-  all pointwise ops, reductions or indexing loads (``gather``, ``index``,
-  ``embedding``; looking through views) is fused into them and never
-  materialised, and so is a constant fill read only by such ops or copied
-  by a functional scatter into its output; anything else (matmuls, attention, reductions,
-  norms, random ops, collectives, custom ops, indexing) produces a buffer,
+* ``inductor``: a pointwise op (``torch.Tag.pointwise``, or a
+  ``slice_scatter``) whose consumers are all pointwise ops, reductions or
+  indexing loads (``gather``, ``index``, ``embedding``; looking through
+  views) is fused into them and never materialised, and so is a constant
+  fill read only by such ops or copied by a functional scatter into its
+  output; anything else (matmuls, attention, reductions, norms, random
+  ops, collectives, custom ops, scatters, an indexing load's own output) produces a buffer,
   and a pointwise value read by such an op, directly or through a view, must
   be materialised too. Views never allocate. A value fused into the one op
   that reads it reads its own inputs where that op's kernel runs

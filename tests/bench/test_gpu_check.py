@@ -175,6 +175,7 @@ def test_a_part_past_the_hard_stop_is_killed_and_reported(tmp_path, monkeypatch)
     hang.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(hang))
     start = time.perf_counter()
-    missing = gpu_check.run_parts_side_by_side(_parts_namespace(tmp_path, 1.0), [], gpu_check.Report(out=tmp_path), start)
+    report = gpu_check.Report(out=tmp_path)
+    missing = gpu_check.run_parts_side_by_side(_parts_namespace(tmp_path, 1.0), [], report, start)
     assert time.perf_counter() - start < 30
     assert missing == ["codecs (exit code -9; see parts/codecs.log)", "gpt (exit code -9; see parts/gpt.log)"]
