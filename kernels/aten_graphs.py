@@ -149,7 +149,8 @@ def plain_division_is_exact(device: torch.device) -> bool:
 
 def divide(numerator: torch.Tensor | float, denominator: torch.Tensor | float) -> torch.Tensor:
     """``numerator / denominator`` in float32, correctly rounded wherever
-    Inductor compiles it, as the torch references give it. Inductor's Triton code divides float32 with the approximate
+    Inductor compiles it, as the torch references give it. Inductor's
+    Triton code divides float32 with the approximate
     ``div.full.f32`` (on an H200, torch 2.11: 569668 of 4M reciprocals
     differed from eager's, and the codes of four codecs with them), so on
     a GPU the quotient is taken in float64 and rounded once to float32:

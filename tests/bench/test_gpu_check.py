@@ -103,7 +103,9 @@ def test_the_calibrated_compress_is_checked_for_codecs_that_take_parameters():
     row = gpu_check.check_codec_or_error("int8_outlier", (64, 128), cpu, inner=1, calibrated=True)
     assert row.codec == "int8_outlier (calibrated)" and row.error is None
     assert row.inductor_vs_reference == "exact" and row.inductor_compress > 0
-    assert "| int8_outlier (calibrated) | bfloat16 | n/a (per call only) | exact |" in gpu_check.codec_table([row])
+    table = gpu_check.codec_table([row])
+    assert "| int8_outlier (calibrated) | bfloat16 | n/a (per call only) | exact |" in table
+    assert "nan" not in table  # the decompress it does not time reads "n/a"
     assert gpu_check.check_codec_or_error("bitmask", (64, 128), cpu, inner=1, calibrated=True) is None
 
 
@@ -179,3 +181,19 @@ def test_a_part_past_the_hard_stop_is_killed_and_reported(tmp_path, monkeypatch)
     missing = gpu_check.run_parts_side_by_side(_parts_namespace(tmp_path, 1.0), [], report, start)
     assert time.perf_counter() - start < 30
     assert missing == ["codecs (exit code -9; see parts/codecs.log)", "gpt (exit code -9; see parts/gpt.log)"]
+
+
+def test_the_memory_probe_keeps_the_generated_files_a_trace_names():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import gpu_memory_probe
+
+    frame = lambda name: {"filename": name, "line": 1, "name": "call"}  # noqa: E731
+    snapshot = {"device_traces": [[
+        {"frames": [frame("/tmp/torchinductor_root/ab/cabc.py"), frame("/work/models.py")]},
+        {"frames": [frame("/tmp/torchinductor_root/cd/ccd.py")]},
+        {"frames": []},
+    ]]}
+    assert gpu_memory_probe._inductor_files(snapshot) == {
+        "/tmp/torchinductor_root/ab/cabc.py", "/tmp/torchinductor_root/cd/ccd.py"
+    }
+    assert gpu_memory_probe._inductor_files({}) == set()
