@@ -1,7 +1,8 @@
 """Training steps with fused codecs: compress-only and mixed plans vs recompute-only (CPU, Inductor).
 
     python bench/bench_fused_steps.py [--models gpt llama] [--budgets 0.5 0.4]
-        [--profiles auto h100] [--repeats 25] [--threads 1] [--out-dir bench/results]
+        [--profiles auto h100] [--repeats 25] [--threads 1] [--no-matched]
+        [--out-dir bench/results]
 
 The default budgets are where recompute-only still fits but must recompute
 matmul outputs on the default models (2-6 of them; its reachable minimum
@@ -21,7 +22,13 @@ peaks the allocator's (profiler trace). Plan families as in bench_pareto:
     mixed/balanced   {"accuracy": "balanced"}
     mixed/aggressive {"accuracy": "aggressive"}
 
-each at every budget and under every cost model of ``--profiles``: "auto"
+each at every budget and under every cost model of ``--profiles``, plus
+(unless ``--no-matched``) each mixed family budgeted in bytes at the
+activation peak adacc simulated for each recompute-only plan ("mixed/balanced
+at peak of @0.6 [auto]"): under one ratio budget recompute-only often lands
+below it and a mixed plan fills it, so the families' peaks differ; asked for
+recompute-only's own memory, a mixed plan is compared at equal memory.
+"auto"
 is this machine's measured profile (codec costs timed from their compiled
 aten form, so the planner chooses by what Inductor's code costs here);
 "h100" is the H100 model (codecs at bandwidth: the plans bench/RESULTS.md
@@ -52,7 +59,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_pareto import FAMILIES, build_model, model_config  # noqa: E402
+from bench_pareto import FAMILIES, MIXED, build_model, model_config  # noqa: E402
 
 import _examples_path  # noqa: F401  (examples/ on sys.path)
 from adacc_examples.benchmarking import Variant, VariantResult, run_variants  # noqa: E402
@@ -74,6 +81,47 @@ def variants(budgets: list[float], profiles: list[str]) -> list[Variant]:
     return out
 
 
+def activation_peak_bytes(result: VariantResult) -> int:
+    """The activation peak adacc simulated for a variant's step: what a
+    budget bounds. Summed over the step's graphs (one on these models)."""
+    return sum(int(rep["summary"]["predicted_activation_peak_bytes"]) for rep in result.reports)
+
+
+#: Name infix of a mixed plan budgeted at a recompute-only plan's peak:
+#: "mixed/balanced at peak of @0.6 [auto]".
+MATCHED = "at peak of "
+
+
+def recompute_only_of(name: str) -> str | None:
+    """The name of the recompute-only variant a variant compares with
+    (same budget and profile, or the one whose peak it was budgeted at)."""
+    if "[" not in name:
+        return None
+    return "recompute-only " + name.split(" ", 1)[1].removeprefix(MATCHED)
+
+
+def matched_variants(recompute_only: list[VariantResult]) -> list[Variant]:
+    """Mixed plans given, as a byte budget, the activation peak each
+    recompute-only plan was simulated at. A ratio budget leaves two
+    families at different peaks under it (recompute-only lands wherever
+    its last whole recomputation takes it, often below the budget; a
+    mixed plan fills the budget), so the comparison at equal memory needs
+    the mixed plan asked for exactly that memory."""
+    out = []
+    for rec in recompute_only:
+        if not rec.reports:
+            continue
+        budget_profile = rec.name.split(" ", 1)[1]  # "@0.6 [auto]"
+        profile = budget_profile.rsplit("[", 1)[-1].rstrip("]")
+        for family in MIXED:
+            out.append(Variant(
+                name=f"{family} {MATCHED}{budget_profile}",
+                kind="adacc",
+                options={**FAMILIES[family], "memory_budget": activation_peak_bytes(rec), "device_profile": profile},
+            ))
+    return out
+
+
 def matmul_recomputes(result: VariantResult) -> int:
     return sum(
         1 for rep in result.reports for r in rep["plan"] if r["decision"] == "recompute" and r["op_class"] == "matmul"
@@ -91,16 +139,13 @@ def codecs_of(result: VariantResult) -> str:
 def table(results: list[VariantResult]) -> str:
     ref = results[0]
     rows = [
-        "| variant | peak MiB | peak vs ref | step ms | step vs ref | vs recompute-only (same budget, profile) "
+        "| variant | peak MiB | peak vs ref | step ms | step vs ref | vs recompute-only (same budget or its peak) "
         "| matmul recomputes | codecs |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     by_name = {r.name: r for r in results}
     for r in results:
-        rec = None
-        if "[" in r.name:
-            budget_profile = r.name.split(" ", 1)[1]
-            rec = by_name.get(f"recompute-only {budget_profile}")
+        rec = by_name.get(recompute_only_of(r.name) or "")
         vs_rec = f"{r.median_step_seconds / rec.median_step_seconds:.2f}" if rec is not None else ""
         rows.append(
             f"| {r.name} | {r.peak_bytes / 2**20:.2f} | {r.peak_bytes / max(ref.peak_bytes, 1):.2f} "
@@ -159,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out-dir", default="bench/results")
+    parser.add_argument("--no-matched", dest="matched", action="store_false",
+                        help="skip the mixed plans budgeted at each recompute-only plan's simulated peak")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import torch._inductor.config as inductor_config
@@ -173,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         planned = variants(args.budgets, args.profiles)
         with inductor_config.patch(fallback_random=True), warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            if args.matched:  # plan recompute-only first, for its simulated peaks
+                first = run_variants(model, batches, [v for v in planned if v.name.startswith("recompute-only")],
+                                     timing_repeats=0)
+                planned += matched_variants(first)
             results = run_variants(model, batches, planned, timing_repeats=args.repeats)
         sections.append(
             f"### {name}: {args.layers} layers, d_model {args.d_model}, seq {args.seq_len}, batch {args.batch}, fp32\n\n"

@@ -9,7 +9,13 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "bench"))
 
-from bench_fused_steps import at_equal_or_lower_peak, paired_ratio  # noqa: E402
+from bench_fused_steps import (  # noqa: E402
+    at_equal_or_lower_peak,
+    matched_variants,
+    paired_ratio,
+    recompute_only_of,
+    table,
+)
 
 from adacc_examples.benchmarking import VariantResult  # noqa: E402
 
@@ -45,3 +51,36 @@ def test_a_recompute_only_plan_below_every_mixed_plan_says_none():
         _result("mixed/balanced @0.4 [auto]", 21, [0.5]),
     ]
     assert "| none |" in at_equal_or_lower_peak(results)
+
+
+def _planned(name: str, activation_peaks: list[int]) -> VariantResult:
+    result = _result(name, 1, [1.0])
+    result.reports = [
+        {"summary": {"predicted_activation_peak_bytes": b, "codecs": {}}, "plan": []} for b in activation_peaks
+    ]
+    return result
+
+
+def test_mixed_plans_are_budgeted_at_each_recompute_only_plans_simulated_peak():
+    variants = matched_variants([
+        _planned("recompute-only @0.6 [auto]", [3_000_000, 1_000]),
+        _result("recompute-only @0.5 [auto]", 1, [1.0]),  # failed to plan: no reports, no matched variant
+    ])
+    assert [v.name for v in variants] == [
+        "mixed/balanced at peak of @0.6 [auto]", "mixed/aggressive at peak of @0.6 [auto]",
+    ]
+    assert all(v.options["memory_budget"] == 3_001_000 for v in variants)  # the step's graphs summed, as bytes
+    assert all(v.options["device_profile"] == "auto" for v in variants)
+    assert variants[0].options["accuracy"] == "balanced" and variants[1].options["accuracy"] == "aggressive"
+
+
+def test_a_matched_plan_is_compared_with_the_recompute_only_plan_it_was_budgeted_at():
+    assert recompute_only_of("mixed/balanced at peak of @0.6 [auto]") == "recompute-only @0.6 [auto]"
+    assert recompute_only_of("mixed/balanced @0.5 [h100]") == "recompute-only @0.5 [h100]"
+    assert recompute_only_of("inductor (no adacc)") is None
+    rows = table([
+        _result("inductor (no adacc)", 50, [1.0]),
+        _result("recompute-only @0.6 [auto]", 30, [2.0]),
+        _result("mixed/balanced at peak of @0.6 [auto]", 29, [1.5]),
+    ]).splitlines()
+    assert rows[-1].split("|")[6].strip() == "0.75"
