@@ -140,7 +140,8 @@ def codec_seconds(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, prof
 
     Measured profiles: ``numel`` times the seconds per element measured for
     the codec's aten form compiled by Inductor on rows as aligned as
-    ``shape``'s (`codec_timing.is_aligned`; on CUDA the
+    ``shape``'s, as copies of the value at the profile's bandwidth
+    (`codec_timing`) (`codec_timing.is_aligned`; on CUDA the
     faster of that and the custom ops, the form `codec_form.graph_form`
     then inserts), measured on first need and cached per machine
     (`profile_cache.codec_timing`). Built-in GPU profiles: the bytes one
@@ -168,7 +169,10 @@ def codec_seconds(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, prof
         profile_cache.codec_timing(
             device,
             codec_key(codec.name, dtype, form, aligned=aligned),
-            functools.partial(measure_seconds_per_element, codec.name, dtype, device, form, aligned=aligned),
+            functools.partial(
+                measure_seconds_per_element, codec.name, dtype, device, form, aligned=aligned,
+                bandwidth=profile.memory_bytes_per_s,
+            ),
         )
         for form in forms
     )

@@ -46,9 +46,11 @@ import torch
 
 from .device_profile import DeviceProfile, measure_roofline
 
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 """Bump when what is measured, or how, changes. 2: codec timings are of the
-aten form compiled by Inductor, measured lazily per (codec, dtype)."""
+aten form compiled by Inductor, measured lazily per (codec, dtype). 4:
+codec timings are their copies of the value at the profile's bandwidth
+(`codec_timing`)."""
 
 _IN_PROCESS: dict[str, DeviceProfile] = {}
 _REMEASURED: set[str] = set()
