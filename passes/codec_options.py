@@ -140,11 +140,11 @@ def codec_seconds(codec: Codec, shape: tuple[int, ...], dtype: torch.dtype, prof
 
     Measured profiles: ``numel`` times the seconds per element measured for
     the codec's aten form compiled by Inductor on rows as aligned as
-    ``shape``'s, as copies of the value at the profile's bandwidth
-    (`codec_timing`) (`codec_timing.is_aligned`; on CUDA the
+    ``shape``'s (`codec_timing.is_aligned`; on CUDA the
     faster of that and the custom ops, the form `codec_form.graph_form`
-    then inserts), measured on first need and cached per machine
-    (`profile_cache.codec_timing`). Built-in GPU profiles: the bytes one
+    then inserts), charged as its copies of the value at the profile's
+    bandwidth (`codec_timing`), measured on first need and cached per
+    machine (`profile_cache.codec_timing`). Built-in GPU profiles: the bytes one
     fused kernel moves, over bandwidth, with no launch of its own
     (`Codec.cost_seconds`), or, where the profile holds measured times for
     the codec in copies of the value (`DeviceProfile.codec_copy_times` and

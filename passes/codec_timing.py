@@ -24,10 +24,10 @@ not: timed so, the codecs were charged 0.68-0.88x their copies of the
 value at the profile's bandwidth (an AVX512 Xeon, float32: int8_channel
 0.85 against 0.97 ns per element, fp8_e5m2 0.87 against 1.20, int8_outlier
 1.50 against 2.19), and the profile's other figures come from that
-bandwidth, measured on a larger value. So a pointwise copy kernel (`copy_kernel`, the bandwidth's own
-kernel) is timed on the sample's bytes in the same rounds, and the codec is
-charged its time in those copies at the profile's bandwidth
-(`measure_seconds_per_element`). A GPT plan at 0.6 of the default's memory
+bandwidth, measured on a larger value. So a pointwise copy kernel
+(`copy_kernel`, the bandwidth's own kernel) is timed on the sample's bytes
+in the same rounds, and the codec is charged its time in those copies at
+the profile's bandwidth (`measure_seconds_per_element`). A GPT plan at 0.6 of the default's memory
 on an AVX512 CPU showed why: its codecs were estimated at 4.1 ms and its
 generated kernels measured 7.8 ms above recompute-only's, whose recompute
 estimates matched its measured matmuls; the cached sample's copy ran 2.5x
