@@ -28,9 +28,9 @@ activation peak adacc simulated for each recompute-only plan ("mixed/balanced
 at peak of @0.6 [auto]"): under one ratio budget recompute-only often lands
 below it and a mixed plan fills it, so the families' peaks differ; asked for
 recompute-only's own memory, a mixed plan is compared at equal memory.
-"auto"
-is this machine's measured profile (codec costs timed from their compiled
-aten form, so the planner chooses by what Inductor's code costs here);
+
+"auto" is this machine's measured profile (codec costs timed from their
+compiled aten form, so the planner chooses by what Inductor's code costs here);
 "h100" is the H100 model (codecs at bandwidth: the plans bench/RESULTS.md
 section 3 measured before codecs were fused). The table says how many
 matmul outputs each plan recomputes, so budgets where recompute-only must
