@@ -146,14 +146,12 @@ def custom_op_round_trip(codec: Codec, sample: torch.Tensor) -> RoundTrip:
 def copy_kernel(nbytes: int, device: torch.device) -> Callable[[], object]:
     """A pointwise kernel as Inductor compiles it (``x * 2 + 1``: one read,
     one write) over ``nbytes`` of float32: the kernel the profile's
-    bandwidth was measured with (`device_profile.pointwise_graph`), as the
-    yardstick a codec is timed against."""
-    from .device_profile import pointwise_graph
+    bandwidth was measured with (`device_profile.compiled_pointwise`), as
+    the yardstick a codec is timed against."""
+    from .device_profile import compiled_pointwise
 
     x = torch.rand(max(nbytes // 4, 1), device=device, generator=torch.Generator(device=device).manual_seed(0))
-    graph = pointwise_graph(x)
-    fn = compat.run_isolated(lambda: compat.inductor_compile_inference(graph, [x]))
-    return lambda: fn(x)
+    return compiled_pointwise(x)
 
 
 def time_round_trip(round_trip: RoundTrip, sample: torch.Tensor, *, repeats: int = REPEATS) -> CodecTiming:

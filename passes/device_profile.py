@@ -18,7 +18,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -241,30 +241,28 @@ def _fused_kernel_rates(dev: torch.device) -> tuple[float, float, float]:
     as Inductor generates it (C++ on CPU, Triton on CUDA): what a fused
     recomputation, a kept value's write and read, or a fused codec run as.
     Eager ops, one pass each, under-state it."""
-    from adacc_compile import compat
-
     numel = (1 << 24) if dev.type == "cuda" else (1 << 21)
     big = torch.rand(numel, device=dev, generator=torch.Generator(device=dev).manual_seed(0))
     tiny = torch.ones(1, device=dev)
-    rates = []
-    for sample in (big, tiny):
-        graph = pointwise_graph(sample)
-        fn = compat.run_isolated(lambda graph=graph, sample=sample: compat.inductor_compile_inference(graph, [sample]))
-        rates.append(_median_seconds(lambda fn=fn, sample=sample: fn(sample), dev, repeats=7))
-    big_s, launch = rates
+    big_s, launch = (_median_seconds(compiled_pointwise(sample), dev, repeats=7) for sample in (big, tiny))
     return 2 * big.numel() * big.element_size() / big_s, big.numel() / big_s, launch
 
 
-def pointwise_graph(sample: torch.Tensor) -> torch.fx.GraphModule:
-    """``x * 2 + 1`` traced on ``sample``: one read and one write per
-    element, the kernel the bandwidth is measured with (and the yardstick
-    codecs are timed against: `codec_timing.copy_kernel`)."""
+def compiled_pointwise(sample: torch.Tensor) -> Callable[[], object]:
+    """``x * 2 + 1`` on ``sample``, compiled by Inductor, as a call with no
+    arguments: one read and one write per element, the kernel the
+    bandwidth is measured with (and the yardstick codecs are timed
+    against: `codec_timing.copy_kernel`)."""
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    from adacc_compile import compat
 
     def pointwise(x: torch.Tensor) -> tuple[torch.Tensor]:
         return (x * 2.0 + 1.0,)
 
-    return make_fx(pointwise)(sample)
+    graph = make_fx(pointwise)(sample)
+    fn = compat.run_isolated(lambda: compat.inductor_compile_inference(graph, [sample]))
+    return lambda: fn(sample)
 
 
 def _calibrate(dev: torch.device) -> DeviceProfile:
