@@ -136,21 +136,32 @@ def codecs_of(result: VariantResult) -> str:
     return ", ".join(f"{c} x{n}" for c, n in sorted(counts.items())) or "-"
 
 
+def fits_budget(result: VariantResult) -> bool | None:
+    """Whether every graph's simulated activation peak is within its budget
+    (None: not an adacc plan). The planner warns where it is not; the
+    benchmark silences warnings, so the table says it instead."""
+    if not result.reports:
+        return None
+    return all(bool(rep["summary"]["activation_peak_fits_budget"]) for rep in result.reports)
+
+
 def table(results: list[VariantResult]) -> str:
     ref = results[0]
     rows = [
         "| variant | peak MiB | peak vs ref | step ms | step vs ref | vs recompute-only (same budget or its peak) "
-        "| matmul recomputes | codecs |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| matmul recomputes | codecs | fits budget |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     by_name = {r.name: r for r in results}
     for r in results:
         rec = by_name.get(recompute_only_of(r.name) or "")
         vs_rec = f"{r.median_step_seconds / rec.median_step_seconds:.2f}" if rec is not None else ""
+        fits = fits_budget(r)
         rows.append(
             f"| {r.name} | {r.peak_bytes / 2**20:.2f} | {r.peak_bytes / max(ref.peak_bytes, 1):.2f} "
             f"| {1e3 * r.median_step_seconds:.1f} | {r.median_step_seconds / ref.median_step_seconds:.2f} "
-            f"| {vs_rec} | {matmul_recomputes(r) if r.reports else ''} | {codecs_of(r) if r.reports else ''} |"
+            f"| {vs_rec} | {matmul_recomputes(r) if r.reports else ''} | {codecs_of(r) if r.reports else ''} "
+            f"| {'' if fits is None else 'yes' if fits else 'no'} |"
         )
     return "\n".join(rows)
 
@@ -235,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             {"name": r.name, "peak_bytes": r.peak_bytes, "step_seconds": r.step_seconds,
              "predicted_peak_bytes": r.predicted_peak_bytes, "estimated_added_seconds": r.estimated_added_seconds,
              "matmul_recomputes": matmul_recomputes(r), "codecs": codecs_of(r), "losses": r.losses,
-             "compile_seconds": r.compile_seconds}
+             "compile_seconds": r.compile_seconds, "fits_budget": fits_budget(r)}
             for r in results
         ]
         print(sections[-1], flush=True)

@@ -11,6 +11,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "bench"))
 
 from bench_fused_steps import (  # noqa: E402
     at_equal_or_lower_peak,
+    fits_budget,
     matched_variants,
     paired_ratio,
     recompute_only_of,
@@ -53,10 +54,12 @@ def test_a_recompute_only_plan_below_every_mixed_plan_says_none():
     assert "| none |" in at_equal_or_lower_peak(results)
 
 
-def _planned(name: str, activation_peaks: list[int]) -> VariantResult:
+def _planned(name: str, activation_peaks: list[int], fits: bool = True) -> VariantResult:
     result = _result(name, 1, [1.0])
     result.reports = [
-        {"summary": {"predicted_activation_peak_bytes": b, "codecs": {}}, "plan": []} for b in activation_peaks
+        {"summary": {"predicted_activation_peak_bytes": b, "codecs": {}, "activation_peak_fits_budget": fits},
+         "plan": []}
+        for b in activation_peaks
     ]
     return result
 
@@ -84,3 +87,13 @@ def test_a_matched_plan_is_compared_with_the_recompute_only_plan_it_was_budgeted
         _result("mixed/balanced at peak of @0.6 [auto]", 29, [1.5]),
     ]).splitlines()
     assert rows[-1].split("|")[6].strip() == "0.75"
+
+
+def test_the_table_says_which_plans_are_over_their_budget():
+    over = _planned("mixed/balanced @0.4 [auto]", [1_000, 2_000])
+    over.reports[1]["summary"]["activation_peak_fits_budget"] = False  # one graph of the step over
+    within = _planned("mixed/aggressive @0.4 [auto]", [1_000])
+    reference = _result("inductor (no adacc)", 50, [1.0])
+    assert fits_budget(over) is False and fits_budget(within) is True and fits_budget(reference) is None
+    rows = table([reference, over, within]).splitlines()
+    assert [row.split("|")[-2].strip() for row in rows[2:]] == ["", "no", "yes"]

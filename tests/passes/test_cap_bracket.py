@@ -1,7 +1,8 @@
 """The search for the model cap whose plan's simulated peak meets the budget
 (`plan_search._CapBracket`): steps by the gap until the target is
-bracketed, then interpolates, halving where a cap would repeat, and stops
-when a fitting plan is close enough or nothing is left to try."""
+bracketed, then interpolates, halving where a cap would repeat or would
+fall to a cap without any plan, and stops when a fitting plan is close
+enough or nothing is left to try."""
 
 from __future__ import annotations
 
@@ -48,8 +49,26 @@ def test_a_repeated_cap_is_replaced_by_the_midpoint_and_an_exhausted_bracket_sto
     assert tight.next_cap(0.03) is None
 
 
-def test_no_plan_at_a_lower_cap_ends_a_search_that_only_found_plans_over():
+def test_no_plan_at_a_lower_cap_halves_the_gap_between_it_and_the_lowest_plan_over():
     bracket = _CapBracket(1000)
     bracket.add(1000, 1100)
-    bracket.add(900, None)  # the MILP found nothing under 900
+    bracket.add(900, None)  # the MILP found nothing under 900: a floor
+    assert bracket.next_cap(0.03) == 950
+    bracket.add(950, 1060)  # still over: stepping down by the excess would pass the floor
+    assert bracket.next_cap(0.03) == 925
+    bracket.add(925, 900)  # fits, 10% under: the target is bracketed between 925 and 950
+    assert 925 < bracket.next_cap(0.03) < 950
+
+
+def test_a_step_that_stays_above_the_floor_is_kept():
+    bracket = _CapBracket(1000)
+    bracket.add(1000, 1100)
+    bracket.add(800, None)
+    assert bracket.next_cap(0.03) == 900  # above the floor: the excess, as without one
+
+
+def test_no_cap_left_between_the_floor_and_the_lowest_plan_over_stops():
+    bracket = _CapBracket(1000)
+    bracket.add(1000, 1100)
+    bracket.add(999, None)
     assert bracket.next_cap(0.03) is None
