@@ -35,7 +35,7 @@ import torch.fx as fx
 
 from adacc_compile import compat
 
-from .budget import BudgetResolution, clamp_to_minimum
+from .budget import BudgetResolution, clamp_to_minimum, modelled_peak
 from .candidates import CandidateSet
 from .compress_rewrite import apply_compression
 from .depth_fold import DepthFold
@@ -188,7 +188,7 @@ def _fit_simulated_peak(
     peaks = {_plan_key(first.solution): first.timeline.activation_peak_bytes}
     """Simulated activation peak of each distinct plan tried."""
     bracket = _CapBracket(target)
-    bracket.add(target, first.timeline.activation_peak_bytes)
+    bracket.add(target, first.timeline.activation_peak_bytes, _model_peak(reduction.problem, first_reduced))
     fit_start = first_reduced if first.timeline.activation_peak_bytes <= target else None
     resolves = 0
     for _ in range(solves):
@@ -213,14 +213,14 @@ def _fit_simulated_peak(
         expanded = reduction.expand(retry)
         key = _plan_key(expanded)
         if key in peaks:  # a plan already split and simulated
-            bracket.add(cap, peaks[key])
+            bracket.add(cap, peaks[key], _model_peak(reduction.problem, retry))
             continue
         outcome = _split(context, candidates, expanded, "planner", budget, [*first.notes, reason])
         tried.append(outcome)
         peaks[key] = outcome.timeline.activation_peak_bytes
         if outcome.timeline.activation_peak_bytes <= target and (bracket.fit is None or cap > bracket.fit[0]):
             fit_start = retry
-        bracket.add(cap, outcome.timeline.activation_peak_bytes)
+        bracket.add(cap, outcome.timeline.activation_peak_bytes, _model_peak(reduction.problem, retry))
     fitting = [o for o in tried if o.timeline.activation_peak_bytes <= target]
     if fitting:
         best = min(fitting, key=lambda o: added_seconds(candidates.problem, o.solution))
@@ -249,14 +249,22 @@ class _CapBracket:
     fit: tuple[int, int] | None = None
     """(cap, peak) of the highest cap whose plan fits the target."""
     over: tuple[int, int] | None = None
-    """(cap, peak) of the lowest cap whose plan is over it."""
+    """(cap, peak) of the lowest cap whose plan is over it. The cap is the
+    plan's own modelled peak where that is lower: the MILP gives the same
+    plan at every cap down to there (optimal at the higher cap, and still
+    feasible), so a step down by the excess from the higher cap repeats it
+    until it passes that peak (Llama-style at 0.6, recompute-only: 0.06 MB
+    over, three solves in 0.06 MB steps, the same plan each time, while
+    its modelled peak lay 1 MB under the budget)."""
     floor: int | None = None
     """The highest cap at which the MILP found no plan."""
     caps: set[int] = dataclasses.field(default_factory=set)
     last_peak: int = 0
     """The simulated peak of the plan at the cap added last (0: none)."""
 
-    def add(self, cap: int, peak: int | None) -> None:
+    def add(self, cap: int, peak: int | None, modelled: int | None = None) -> None:
+        """The plan solved at ``cap`` simulated at ``peak`` (None: the MILP
+        found no plan); ``modelled`` is its peak by the MILP's own rows."""
         self.caps.add(cap)
         self.last_peak = peak or 0
         if peak is None:
@@ -265,8 +273,10 @@ class _CapBracket:
         elif peak <= self.target:
             if self.fit is None or cap > self.fit[0]:
                 self.fit = (cap, peak)
-        elif self.over is None or cap < self.over[0]:
-            self.over = (cap, peak)
+        else:
+            lowest = cap if modelled is None else min(cap, modelled)
+            if self.over is None or lowest < self.over[0]:
+                self.over = (lowest, peak)
 
     def next_cap(self, tolerance: float) -> int | None:
         if self.fit is not None and self.target - self.fit[1] <= tolerance * self.target:
@@ -291,6 +301,15 @@ class _CapBracket:
         if cap <= 0 or cap in self.caps or (self.floor is not None and cap <= self.floor):
             return None
         return cap
+
+
+def _model_peak(problem: PlanProblem, solution: PlanSolution | None) -> int | None:
+    """The peak the MILP's memory rows give a plan it solved (None where
+    the plan did not come from the MILP): every cap from there up to the
+    one it was solved at admits it, so a lower cap must go below it."""
+    if solution is None or problem.memory is None or (not solution.choices and problem.candidates):
+        return None
+    return modelled_peak(problem, solution)
 
 
 def _plan_key(solution: PlanSolution) -> tuple:

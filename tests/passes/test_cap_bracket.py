@@ -72,3 +72,17 @@ def test_no_cap_left_between_the_floor_and_the_lowest_plan_over_stops():
     bracket.add(1000, 1100)
     bracket.add(999, None)
     assert bracket.next_cap(0.03) is None
+
+
+def test_an_over_plan_steps_down_from_its_own_modelled_peak():
+    bracket = _CapBracket(1000)
+    bracket.add(1000, 1010, modelled=950)  # every cap from 950 to 1000 gives this plan again
+    assert bracket.next_cap(0.03) == 940
+    bracket.add(940, 900)  # fits, 10% under: bracketed between 940 and 950, not 1000
+    assert 940 < bracket.next_cap(0.03) < 950
+
+
+def test_a_modelled_peak_above_the_cap_does_not_raise_it():
+    bracket = _CapBracket(1000)
+    bracket.add(1000, 1100, modelled=1000)
+    assert bracket.next_cap(0.03) == 900
