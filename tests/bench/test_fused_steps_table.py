@@ -54,10 +54,10 @@ def test_a_recompute_only_plan_below_every_mixed_plan_says_none():
     assert "| none |" in at_equal_or_lower_peak(results)
 
 
-def _planned(name: str, activation_peaks: list[int], fits: bool = True) -> VariantResult:
+def _planned(name: str, activation_peaks: list[int]) -> VariantResult:
     result = _result(name, 1, [1.0])
     result.reports = [
-        {"summary": {"predicted_activation_peak_bytes": b, "codecs": {}, "activation_peak_fits_budget": fits},
+        {"summary": {"predicted_activation_peak_bytes": b, "codecs": {}, "activation_peak_fits_budget": True},
          "plan": []}
         for b in activation_peaks
     ]

@@ -201,7 +201,8 @@ def test_unreachable_boundary_share_keeps_the_peak_budget(monkeypatch):
 @pytest.mark.parametrize("inflated_splits", [1, 99])
 def test_split_over_the_budget_lowers_the_cap_and_warns_if_nothing_fits(monkeypatch, inflated_splits):
     """Where the split graphs peak over the budget the model met, the plan is
-    solved again with the model's cap lowered by the excess. If a later split
+    solved again with the model's cap lowered by the excess (below the
+    plan's own modelled peak, `plan_search._CapBracket`). If a later split
     fits, it is used silently; if none of the ``peak_fit_solves`` re-solves
     fits, the lowest of the plans tried is used and a warning gives the
     excess (never a silent overshoot)."""

@@ -1,8 +1,9 @@
 """The search for the model cap whose plan's simulated peak meets the budget
 (`plan_search._CapBracket`): steps by the gap until the target is
-bracketed, then interpolates, halving where a cap would repeat or would
-fall to a cap without any plan, and stops when a fitting plan is close
-enough or nothing is left to try."""
+bracketed (an over-budget plan's step starting at its own modelled peak),
+then interpolates, halving where a cap would repeat or would fall to a cap
+without any plan, and stops when a fitting plan is close enough or nothing
+is left to try."""
 
 from __future__ import annotations
 
