@@ -238,6 +238,36 @@ def test_split_over_the_budget_lowers_the_cap_and_warns_if_nothing_fits(monkeypa
         assert summary["replans"] <= 3  # peak_fit_solves' default
 
 
+def test_a_split_over_the_reachable_minimum_is_not_re_solved_lower(monkeypatch):
+    """A budget below what any plan reaches is clamped to the model's
+    minimum; no cap under it has a plan, so a split over it is used at
+    once, with the warning that gives the excess, and no re-solve."""
+    import dataclasses
+    import warnings
+
+    from adacc_compile.passes import plan_search
+
+    original = plan_search._split
+    solves = []
+
+    def inflated(context, candidates, solution, source, budget, notes):
+        outcome = original(context, candidates, solution, source, budget, notes)
+        over = budget.budget_bytes + budget.budget_bytes // 20
+        return dataclasses.replace(outcome, timeline=dataclasses.replace(outcome.timeline, activation_peak_bytes=over))
+
+    monkeypatch.setattr(plan_search, "_split", inflated)
+    solve = plan_search._solve
+    monkeypatch.setattr(plan_search, "_solve", lambda *a, **k: solves.append(1) or solve(*a, **k))
+    model, batch = build("gpt")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, summary, _ = _plan(model, batch, lambda m: m, 0.01)
+    assert summary["budget_clamped_to_minimum"] and summary["replans"] == 0
+    assert not summary["activation_peak_fits_budget"]
+    assert any("corrective re-solve" in str(w.message) for w in caught)
+    assert len(solves) <= 2  # the first solve and the fastest plan at the minimum; none to fit the peak
+
+
 def test_split_under_the_model_raises_the_cap_for_a_cheaper_plan_that_fits(monkeypatch):
     """Where the split graphs hold much less than the model says (here every
     split is made to hold 70% of what it does), the model's cap is raised by
