@@ -27,14 +27,14 @@ value at the profile's bandwidth (an AVX512 Xeon, float32: int8_channel
 bandwidth, measured on a larger value. So a pointwise copy kernel
 (`copy_kernel`, the bandwidth's own kernel) is timed on the sample's bytes
 in the same rounds, and the codec is charged its time in those copies at
-the profile's bandwidth (`measure_seconds_per_element`). A GPT plan at 0.6 of the default's memory
-on an AVX512 CPU showed why: its codecs were estimated at 4.1 ms and its
-generated kernels measured 7.8 ms above recompute-only's, whose recompute
-estimates matched its measured matmuls; the cached sample's copy ran 2.5x
-faster than the same copy after a 64 MiB sweep of the cache, and the
-codecs' times in copies moved much less (2.1-3.6 copies cold, 2.4-4.4
-warm). The built-in GPU profiles charge measured copies the same way
-(`DeviceProfile.codec_copy_times`).
+the profile's bandwidth (`measure_seconds_per_element`). A GPT plan at 0.6
+of the default's memory on an AVX512 CPU showed why: its codecs were
+estimated at 4.1 ms and its generated kernels measured 7.8 ms above
+recompute-only's, whose recompute estimates matched its measured matmuls;
+the cached sample's copy ran 2.5x faster than the same copy after a 64 MiB
+sweep of the cache, and the codecs' times in copies moved much less
+(2.1-3.6 copies cold, 2.4-4.4 warm). The built-in GPU profiles charge
+measured copies the same way (`DeviceProfile.codec_copy_times`).
 """
 
 from __future__ import annotations

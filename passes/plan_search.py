@@ -187,12 +187,11 @@ def _fit_simulated_peak(
     tried = [first]
     peaks = {_plan_key(first.solution): first.timeline.activation_peak_bytes}
     """Simulated activation peak of each distinct plan tried."""
-    bracket = _CapBracket(target)
-    if budget.clamped and budget.minimum_bytes is not None:
-        # The budget is the model's reachable minimum: no cap below it has a
-        # plan, so a split over it is not re-solved lower (Llama-style
-        # compress-only at 0.4 spent three solves there, each without a plan).
-        bracket.floor = budget.minimum_bytes - 1
+    # A budget clamped to the model's reachable minimum: no cap below it has
+    # a plan, so a split over it is not re-solved lower (Llama-style
+    # compress-only at 0.4 spent three solves there, each without a plan).
+    clamped = budget.clamped and budget.minimum_bytes is not None
+    bracket = _CapBracket(target, floor=budget.minimum_bytes - 1 if clamped else None)
     bracket.add(target, first.timeline.activation_peak_bytes, _model_peak(reduction.problem, first_reduced))
     fit_start = first_reduced if first.timeline.activation_peak_bytes <= target else None
     resolves = 0
