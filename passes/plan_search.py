@@ -347,10 +347,23 @@ def _relax_boundary(
     budget, what the user's memory is, stays; only where no plan fits the
     peak either is the budget clamped to the reachable minimum
     (`clamp_to_minimum`), which would otherwise hand back the lowest-peak
-    plan, slower than needed, for a peak the budget allows."""
-    relaxed, least = _least_boundary(problem, budget, budget.boundary_bytes, options)
-    if not least.choices:
-        return budget, least, []
+    plan, slower than needed, for a peak the budget allows.
+
+    The least-bytes solve starts from the fastest plan within the peak
+    alone: without a start, HiGHS can stop on its time limit before it
+    finds any plan (a 2-layer GPT with codecs at 0.3 did, and the search
+    went on with an empty plan)."""
+    within_peak = _solve(problem, dataclasses.replace(budget, boundary_bytes=None), planner, options)
+    if not within_peak.choices and problem.candidates:
+        return budget, dataclasses.replace(within_peak, status="infeasible"), []
+    relaxed, least = _least_boundary(
+        problem, budget, budget.boundary_bytes, with_start(options, within_peak, "the fastest plan within the peak")
+    )
+    if not least.choices:  # the solver kept no plan, not even its start
+        least = within_peak
+        relaxed = dataclasses.replace(budget, boundary_bytes=max(
+            budget.boundary_bytes or 0, int(saved_bytes(problem, within_peak) * (1 + 1e-6)) + 1
+        ))
     solution = _solve(problem, relaxed, planner, with_start(options, least, "the least-bytes plan within the peak"))
     if solution.status == "infeasible":  # the start itself meets both caps; a solver limit
         solution = least
