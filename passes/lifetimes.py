@@ -153,16 +153,34 @@ def candidate_lifetime(
     recomputed_bytes = tensor_bytes(node.meta.get("val")) if _multi_output(node) else (
         0 if _output_of_multi(node) else nbytes
     )
+    forward_bytes = nbytes if _allocates(node, fw_consumers, mode) else 0
     return Lifetime(
         alias_of=base.name if isinstance(base, fx.Node) else "",
         produced=produced,
         forward_last_use=forward_last,
         forward_always=node in info.forward_needed,
-        forward_bytes=nbytes if _allocates(node, fw_consumers, mode) else 0,
+        forward_bytes=forward_bytes,
+        written_bytes=0 if forward_bytes else _written_bytes(node, orders, mode),
         backward_bytes=recomputed_bytes if materialised(node, users, mode) or _output_of_multi(node) else 0,
         reads=tuple(reads),
         late_readers=late,
     )
+
+
+def _written_bytes(node: fx.Node, orders: Orders, mode: Realization) -> int:
+    """Bytes Inductor writes for a value it would otherwise fuse away when
+    a codec reads it (`compress_rewrite` passes a compressed value through
+    `compat.realize_op` first): the value's own bytes, or for a view those
+    of its base where no forward reader makes the base exist anyway."""
+    if mode is not Realization.INDUCTOR or _output_of_multi(node) or _multi_output(node):
+        return 0
+    base = node
+    while is_view_op(base) and base.args and isinstance(base.args[0], fx.Node):
+        base = base.args[0]
+    if base is not node:
+        if base.op != "call_function" or _allocates(base, [u for u in base.users if u in orders.forward], mode):
+            return 0
+    return tensor_bytes(node.meta.get("val"))
 
 
 def step_layout(

@@ -32,7 +32,9 @@ user and read directly later (it is then counted alive in between).
 
 The forward holds every value the plan saves from its node to the end;
 values only the backward reads run in the forward only when saved, or when
-a saved value is computed from them (``fc[v]``).
+a saved value is computed from them (``fc[v]``). A value Inductor would fuse
+away is written once when compressed (``Lifetime.written_bytes``) and then
+lives like any forward temporary.
 
 Positions are grouped into segments (`segment_positions`); a row bounds the
 bytes alive anywhere in its segment. One position per segment is exact; the
@@ -536,6 +538,8 @@ def _forward_rows(
             ranges.add(keep, held_from, last_segment, cand.keep_bytes)
         for comp, nbytes in comps:
             ranges.add(comp, p, last_segment, nbytes)
+            if lt.written_bytes:
+                _written_terms(b, rows, ranges, lt, fw, computed, comp)
     ranges.flush(rows)
     running = 0.0
     for position in range(len(layout.forward_base)):
@@ -543,6 +547,30 @@ def _forward_rows(
         s = fw.of[position]
         consts[s] = max(consts[s], float(layout.forward_base[position]) + running)
     return [(consts[s], rows[s]) for s in range(fw.count)]
+
+
+def _written_terms(
+    b: _Builder,
+    rows: list[dict[str, float]],
+    ranges: _Ranges,
+    lt: Lifetime,
+    fw: Segments,
+    computed: dict[str, str | float],
+    comp: str,
+) -> None:
+    """A value written only because the plan compresses it (`Lifetime.written_bytes`)
+    lives from its node to its last forward use, and on to each late
+    reader the plan computes in the forward: rows += comp · bytes, then
+    comp · fc[r] · bytes over each extension."""
+    end = fw.of[lt.forward_last_use]
+    ranges.add(comp, fw.of[lt.produced], end, lt.written_bytes)
+    for name, position in lt.late_readers:
+        mark = computed.get(name)
+        if not isinstance(mark, str):
+            continue
+        both = b.product((comp, mark))
+        for s in range(end + 1, fw.of[position] + 1):
+            rows[s][both] += lt.written_bytes
 
 
 def _late_reader_terms(
@@ -705,6 +733,9 @@ def simulate(problem: PlanProblem, solution: PlanSolution) -> SimulatedPeak:
             _span_add(fw, temp_end + 1, last, cand.keep_bytes)
         elif d is Decision.COMPRESS:
             _span_add(fw, lt.produced, last, next(o.nbytes for o in cand.compress if o.codec == codec[cand.name]))
+            if lt.written_bytes:  # written for the codec, alive like a temporary
+                written_end = max([lt.forward_last_use, *(p for name, p in lt.late_readers if in_forward.get(name))])
+                _span_add(fw, lt.produced, written_end, lt.written_bytes)
     if problem.repeat is not None:
         first_fw, last_bw = repeat_span(layout, problem.repeat.block)
         held = problem.repeat.copies * repeated_held_bytes(problem, solution)

@@ -67,6 +67,12 @@ class Lifetime:
     """Candidates only the backward needs that read its storage after
     ``forward_last_use`` (name, forward position): when the plan computes one
     in the forward, the value lives until it."""
+    written_bytes: int = 0
+    """Bytes it occupies in the forward when the plan compresses it although
+    ``forward_bytes`` is 0: Inductor would fuse it into its readers, but a
+    codec's reads make it write the value once (`compress_rewrite`), which
+    then lives like a forward temporary (to its last forward use, or a late
+    reader's)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

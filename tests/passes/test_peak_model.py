@@ -56,6 +56,8 @@ def random_problem(rng: random.Random, n: int, m: int, *, codecs: bool = True) -
         if codecs and rng.random() < 0.3:
             compress = (CompressOption(codec="c8", nbytes=nbytes // 3, seconds=rng.uniform(0.5, 3) * 1e-6,
                                        feeds_recompute=rng.random() < 0.5),)
+            # A fused value a codec reads is written for it (Inductor).
+            lifetime = dataclasses.replace(lifetime, written_bytes=nbytes if fused else 0)
         cands.append(Candidate(
             name=f"v{i}", keep_bytes=nbytes, recompute_seconds=rng.uniform(0.1, 10) * 1e-6,
             keep_seconds=rng.uniform(0.0, 0.5) * 1e-6, inputs=tuple(f"v{j}" for j in inputs[i]),
