@@ -165,6 +165,14 @@ class AdaccConfig:
     (`passes.plan_search`); the cheapest plan tried that fits is used. 0
     trusts the model's plan as it is."""
 
+    place_backward_only_early: bool = False
+    """Experimental: a value only the backward reads (a norm's normalised
+    input), when the plan saves or compresses it, runs in the forward right
+    after its inputs instead of at the forward's end, where it holds them
+    alive (`passes.early_placement`). Off by default until it passes the
+    whole suite: it changes the block structure the planner folds and the
+    step prediction of a large-vocabulary loss."""
+
     inductor_buffer_reuse: bool = False
     """Let Inductor's generated code hand a freed buffer to a later
     allocation of the same size (Inductor's ``allow_buffer_reuse``). Off
@@ -240,7 +248,7 @@ class AdaccConfig:
             if name in options:
                 kwargs[name] = str(options[name])
         for name in ("overlap_recompute", "block_reuse", "allow_recompute", "calibrate_codecs", "adapt",
-                     "inductor_buffer_reuse"):
+                     "inductor_buffer_reuse", "place_backward_only_early"):
             if name in options:
                 kwargs[name] = _bool(name, options[name])
         for name in ("solver_time_limit_s", "mip_rel_gap", "plan_check_timeout_s"):

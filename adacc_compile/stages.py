@@ -5,6 +5,7 @@ and the runner are in `adacc_compile.pipeline`."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from adacc_compile import compat, rank_zero
 from adacc_compile.passes.annotate import annotate, tensor_bytes
@@ -18,6 +19,7 @@ from adacc_compile.passes.default_plan import counted_saved_bytes, default_plan
 from adacc_compile.passes.depth_fold import make_fold, repeated_block
 from adacc_compile.passes.device_profile import profile_by_name
 from adacc_compile.passes.dropout_replay import replay_dropout_from_masks
+from adacc_compile.passes.early_placement import place_backward_only_values_early
 from adacc_compile.passes.fusion import Realization
 from adacc_compile.passes.peak_model import build_memory_model
 from adacc_compile.passes.plan_problem import BlockRepeat, PlanProblem
@@ -25,6 +27,8 @@ from adacc_compile.passes.plan_search import SplitContext, search_plan
 from adacc_compile.passes.structure import block_classes, no_reduction, protect_block_boundaries, reduce_identical_blocks
 from adacc_compile.passes.verify import verify_split
 from adacc_compile.state import PartitionState
+
+log = logging.getLogger(__name__)
 
 
 def prepare(state: PartitionState) -> None:
@@ -36,9 +40,15 @@ def prepare(state: PartitionState) -> None:
 
 
 def classify(state: PartitionState) -> None:
+    """Which nodes are forward and backward; with ``place_backward_only_early``
+    the values only the backward reads then move to right after their
+    inputs (`early_placement`)."""
     state.info = compat.classify_joint_graph(
         state.joint, state.static_lifetime_input_indices, state.num_fwd_outputs
     )
+    if state.config.place_backward_only_early:
+        moved = place_backward_only_values_early(state.joint, state.info)
+        log.debug("adacc: %d backward-only values placed right after their inputs", moved)
 
 
 def annotate_stage(state: PartitionState) -> None:

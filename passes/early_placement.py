@@ -1,0 +1,112 @@
+"""Early placement: a value only the backward reads, when the forward
+computes it (to save or compress it), runs as soon as its inputs exist.
+
+Reads and writes: the joint graph's node order (`place_backward_only_values_early`).
+
+Why: AOTAutograd's joint graph puts such values (PyTorch's "unclaimed"
+nodes: a LayerNorm's normalised input, an RMSNorm's ``2 * x``, computed in
+the backward from forward values) among the backward nodes, and both the
+extractor and the memory model run the forward in joint order. A plan that
+saves one therefore computes it at the very end of the forward, and every
+forward value it reads lives until then: on a 2-layer GPT whose plan
+compressed the normalised inputs, each block's residual sum (1 MiB) stayed
+alive through the whole forward, and on a Llama each RMSNorm input did.
+Computed right after its inputs, the value often joins their kernel, and
+the inputs die where the forward is done with them.
+
+Only pure ops move, never past an op that writes memory or has other
+effects (a value read after an in-place update must still read the new
+contents), never random ops (their order is the random stream's order).
+The backward does not depend on this order: the extractor's autograd-order
+pass places each recomputation right before its first use.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from adacc_compile.compat import JointGraphInfo
+
+
+def _is_barrier(node: fx.Node) -> bool:
+    """An op no value may move across: it writes memory or has effects."""
+    if node.op != "call_function":
+        return node.op == "output"
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None and (
+        schema.is_mutable or any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    ):
+        return True
+    return node.is_impure()
+
+
+def _movable(node: fx.Node, info: JointGraphInfo) -> bool:
+    if node.op != "call_function" or node not in info.forward_nodes or node in info.forward_needed:
+        return False
+    tags = getattr(node.target, "tags", ())
+    return torch.Tag.nondeterministic_seeded not in tags and not _is_barrier(node)
+
+
+def place_backward_only_values_early(gm: fx.GraphModule, info: JointGraphInfo) -> int:
+    """Moves every movable node right after the last of its inputs (or the
+    last barrier before it, whichever is later); a node with no inputs
+    (a constant fill) goes with its earliest movable user, never later than
+    it was.
+    Returns how many nodes moved. Deterministic: the same graph gives the
+    same order."""
+    nodes = list(gm.graph.nodes)
+    position = {n: i for i, n in enumerate(nodes)}
+    last_placeholder = max((n for n in nodes if n.op == "placeholder"), key=position.__getitem__, default=None)
+    movable = [n for n in nodes if _movable(n, info)]
+    is_movable = set(movable)
+    barrier_before: dict[fx.Node, fx.Node | None] = {}
+    barrier = None
+    for node in nodes:
+        barrier_before[node] = barrier
+        if _is_barrier(node) and node.op != "output":
+            barrier = node
+
+    def latest(nodes: list[fx.Node | None]) -> fx.Node | None:
+        placed = [n for n in nodes if n is not None]
+        return max(placed, key=position.__getitem__) if placed else None
+
+    # The anchor of a movable node is the fixed node it goes right after:
+    # its latest input, looking through movable inputs to their anchors.
+    anchor: dict[fx.Node, fx.Node | None] = {}
+    for node in movable:
+        inputs = [anchor.get(a) if a in is_movable else a for a in node.all_input_nodes]
+        anchor[node] = latest([barrier_before[node], *inputs])
+    # Inputless values (fills, iota, and what is computed from them alone)
+    # go with their earliest movable user; with none, they stay.
+    from_users: dict[fx.Node, fx.Node | None] = {}
+    for node in reversed(movable):
+        if anchor[node] is None:
+            users = [anchor[u] for u in node.users if u in is_movable and anchor[u] is not None]
+            first = min(users, key=position.__getitem__) if users else None
+            if first is not None and position[first] > position[node]:
+                first = None  # only ever earlier: a later user outside the movable ones may read it
+            from_users[node] = anchor[node] = first
+    stays = {n for n in movable if anchor[n] is None}
+    for node in movable:  # a value that stays holds its users back
+        if node in stays:
+            continue
+        inputs = [anchor[a] if a in is_movable and a not in stays else a for a in node.all_input_nodes]
+        anchor[node] = latest([from_users.get(node), barrier_before[node], *inputs])
+    moved = 0
+    cursor: dict[fx.Node, fx.Node] = {}
+    for node in movable:
+        target = anchor[node]
+        if target is None:
+            continue
+        if target.op == "placeholder" and last_placeholder is not None:
+            target = last_placeholder
+        after = cursor.get(target, target)
+        if after is not node.prev:
+            after.append(node)
+            moved += 1
+        cursor[target] = node
+    if moved:
+        gm.graph.lint()
+        gm.recompile()
+    return moved
