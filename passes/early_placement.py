@@ -38,14 +38,14 @@ def _is_barrier(node: fx.Node) -> bool:
         schema.is_mutable or any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
     ):
         return True
-    return node.is_impure()
+    return node.is_impure(impure_random=False)  # values move across random ops, not random ops
 
 
 def _movable(node: fx.Node, info: JointGraphInfo) -> bool:
     if node.op != "call_function" or node not in info.forward_nodes or node in info.forward_needed:
         return False
     tags = getattr(node.target, "tags", ())
-    return torch.Tag.nondeterministic_seeded not in tags and not _is_barrier(node)
+    return torch.Tag.nondeterministic_seeded not in tags and not node.is_impure() and not _is_barrier(node)
 
 
 def place_backward_only_values_early(gm: fx.GraphModule, info: JointGraphInfo) -> int:

@@ -31,10 +31,10 @@ def _joint(with_barrier: bool = False, with_random: bool = False):
     late = op("mul_1", aten.mul.Tensor, t, 3)  # a backward node
     if with_barrier:
         op("update", aten.copy_.default, buf, x)
+    r = op("rand_like", aten.rand_like.default, a) if with_random else None
     fill = op("full", aten.full.default, [4], 1.0, dtype=torch.float32)
     c = op("cos", aten.cos.default, a)
     d = op("add", aten.add.Tensor, c, fill)
-    r = op("rand_like", aten.rand_like.default, a) if with_random else None
     grad = op("mul_2", aten.mul.Tensor, late, d)
     outs = [loss, grad] + ([op("mul_3", aten.mul.Tensor, grad, r)] if r is not None else [])
     g.output(tuple(outs))
@@ -74,9 +74,10 @@ def test_no_value_moves_across_an_op_that_writes_memory():
     assert order.index("cos") > order.index("update") and order.index("add") > order.index("update")
 
 
-def test_random_ops_keep_their_place():
+def test_values_move_across_a_random_op_which_keeps_its_place():
     gm, info = _joint(with_random=True)
     before = _order(gm)
+    assert before.index("rand_like") < before.index("cos")
     place_backward_only_values_early(gm, info)
     after = _order(gm)
     moved = {"full", "cos", "add"}
