@@ -16,7 +16,9 @@ the inputs die where the forward is done with them.
 
 Only pure ops move, never past an op that writes memory or has other
 effects (a value read after an in-place update must still read the new
-contents), never random ops (their order is the random stream's order).
+contents), never random ops (their order is the random stream's order);
+values do move across random ops (as barriers, a GPT's last dropout held
+every block's values behind it and its blocks stopped being identical).
 The backward does not depend on this order: the extractor's autograd-order
 pass places each recomputation right before its first use.
 """
