@@ -170,10 +170,9 @@ class AdaccConfig:
     input), when the plan saves or compresses it, runs in the forward right
     after its inputs instead of at the forward's end, where it holds them
     alive (`passes.early_placement`). Off by default until it passes the
-    whole suite: lossy plans then also compress backward-only factors (a
-    GELU's derivative), whose gradient error exceeds twice the codec's
-    declared bound on a small MLP, and a large-vocabulary loss's step is
-    predicted well above its measured peak."""
+    whole suite: aggressive plans then also compress backward-only factors
+    (a GELU's derivative), whose gradient error exceeds twice the codec's
+    declared bound on a small MLP."""
 
     inductor_buffer_reuse: bool = False
     """Let Inductor's generated code hand a freed buffer to a later

@@ -1,5 +1,6 @@
 """Early placement: a value only the backward reads, when the forward
-computes it (to save or compress it), runs as soon as its inputs exist.
+computes it (to save or compress it), runs where the forward is done with
+its inputs instead of at the forward's end.
 
 Reads and writes: the joint graph's node order (`place_backward_only_values_early`).
 
@@ -11,8 +12,9 @@ saves one therefore computes it at the very end of the forward, and every
 forward value it reads lives until then: on a 2-layer GPT whose plan
 compressed the normalised inputs, each block's residual sum (1 MiB) stayed
 alive through the whole forward, and on a Llama each RMSNorm input did.
-Computed right after its inputs, the value often joins their kernel, and
-the inputs die where the forward is done with them.
+Computed where the forward is done with its inputs, the inputs die there
+(a same-sized value can even take the last one's buffer), and the value
+itself is not allocated any earlier than that.
 
 Only pure ops move, never past an op that writes memory or has other
 effects (a value read after an in-place update must still read the new
@@ -51,10 +53,10 @@ def _movable(node: fx.Node, info: JointGraphInfo) -> bool:
 
 
 def place_backward_only_values_early(gm: fx.GraphModule, info: JointGraphInfo) -> int:
-    """Moves every movable node right after the last of its inputs (or the
-    last barrier before it, whichever is later); a node with no inputs
-    (a constant fill) goes with its earliest movable user, never later than
-    it was.
+    """Moves every movable node to right after the last node the forward
+    outputs need that reads one of its inputs (or the last barrier before
+    it, whichever is later), never later than it was; a node with no inputs
+    (a constant fill) goes with its earliest movable user.
     Returns how many nodes moved. Deterministic: the same graph gives the
     same order."""
     nodes = list(gm.graph.nodes)
@@ -73,11 +75,21 @@ def place_backward_only_values_early(gm: fx.GraphModule, info: JointGraphInfo) -
         placed = [n for n in nodes if n is not None]
         return max(placed, key=position.__getitem__) if placed else None
 
+    def done_with(value: fx.Node) -> fx.Node:
+        """The last node the forward outputs need that reads ``value`` (the
+        value itself when none does): the forward holds it until there anyway."""
+        readers = [u for u in value.users if u in info.forward_needed]
+        return latest([value, *readers]) or value
+
     # The anchor of a movable node is the fixed node it goes right after:
-    # its latest input, looking through movable inputs to their anchors.
+    # where the forward is done with its last input, looking through movable
+    # inputs to their anchors. Not earlier: the inputs live until there
+    # anyway, and the value itself would only live longer (a loss's
+    # probabilities would sit next to the logits the loss still reads,
+    # instead of taking their buffer).
     anchor: dict[fx.Node, fx.Node | None] = {}
     for node in movable:
-        inputs = [anchor.get(a) if a in is_movable else a for a in node.all_input_nodes]
+        inputs = [anchor.get(a) if a in is_movable else done_with(a) for a in node.all_input_nodes]
         anchor[node] = latest([barrier_before[node], *inputs])
     # Inputless values (fills, iota, and what is computed from them alone)
     # go with their earliest movable user; with none, they stay.
@@ -93,8 +105,12 @@ def place_backward_only_values_early(gm: fx.GraphModule, info: JointGraphInfo) -
     for node in movable:  # a value that stays holds its users back
         if node in stays:
             continue
-        inputs = [anchor[a] if a in is_movable and a not in stays else a for a in node.all_input_nodes]
-        anchor[node] = latest([from_users.get(node), barrier_before[node], *inputs])
+        inputs = [anchor[a] if a in is_movable and a not in stays else done_with(a) for a in node.all_input_nodes]
+        target = latest([from_users.get(node), barrier_before[node], *inputs])
+        if target is None or position[target] > position[node]:  # never later than it was
+            stays.add(node)
+            target = None
+        anchor[node] = target
     moved = 0
     cursor: dict[fx.Node, fx.Node] = {}
     for node in movable:

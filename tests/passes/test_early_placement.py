@@ -1,6 +1,6 @@
-"""`early_placement`: values only the backward reads run right after their
-inputs, never across an op that writes memory, never random ones, and the
-graph stays topologically ordered."""
+"""`early_placement`: values only the backward reads run where the forward
+is done with their inputs, never across an op that writes memory, never
+random ones, and the graph stays topologically ordered."""
 
 from __future__ import annotations
 
@@ -54,13 +54,13 @@ def _order(gm: fx.GraphModule) -> list[str]:
     return [n.name for n in gm.graph.nodes if n.op == "call_function"]
 
 
-def test_a_backward_only_value_and_its_constant_run_right_after_their_inputs():
+def test_a_backward_only_value_and_its_constant_run_where_the_forward_is_done_with_its_inputs():
     gm, info = _joint()
     x = torch.randn(4)
     before = gm(x, torch.zeros(4), torch.ones(()))
     assert _order(gm) == ["mul", "loss", "mul_1", "full", "cos", "add", "mul_2"]
     moved = place_backward_only_values_early(gm, info)
-    assert _order(gm) == ["mul", "full", "cos", "add", "loss", "mul_1", "mul_2"]
+    assert _order(gm) == ["mul", "loss", "full", "cos", "add", "mul_1", "mul_2"]  # after a's last forward reader
     assert moved == 3
     after = gm(x, torch.zeros(4), torch.ones(()))
     assert all(torch.equal(b, a) for b, a in zip(before, after))
@@ -81,33 +81,39 @@ def test_values_move_across_a_random_op_which_keeps_its_place():
     place_backward_only_values_early(gm, info)
     after = _order(gm)
     moved = {"full", "cos", "add"}
-    assert after[1:4] == ["full", "cos", "add"]
+    assert after[2:5] == ["full", "cos", "add"]
     assert [n for n in after if n not in moved] == [n for n in before if n not in moved]  # rand_like stays
 
 
-@pytest.mark.slow  # 75 s: two plans solved down to the reachable minimum
-def test_the_option_lowers_a_llamas_reachable_minimum_and_keeps_its_gradients():
-    """Lossless Llama (2 tiny layers) under adacc_eager at a budget below
-    the reachable minimum: with early placement each RMSNorm's input no
-    longer lives to the forward's end for the backward-only value computed
-    from it, so the minimum falls (66,048 to 49,920 bytes when written), the
-    simulated peak stays within the model, and gradients equal eager's."""
+def test_the_option_lowers_a_gpts_compress_only_minimum_without_more_gradient_error():
+    """Tiny GPT, compress-only (aggressive codecs), planned under Inductor's
+    fusion and run eagerly, at a budget below the reachable minimum: with
+    early placement the LayerNorm backward's normalised inputs, saved
+    compressed, no longer hold each block's residual sum to the forward's
+    end, so the minimum falls (110,464 to 64,640 bytes when written), the
+    split graphs stay within the model, and the gradients are no further
+    from eager's than without it (the same codecs on the same values)."""
     import warnings
 
-    from adacc_test_utils import EAGER_REL, assert_same, build, compile_with_reports, loss_and_grads
+    from adacc_compile.passes.fusion import Realization
+    from adacc_test_utils import build, compile_capturing, loss_and_grads
 
-    minimum = {}
+    minimum, error = {}, {}
     for early in (False, True):
         torch._dynamo.reset()
-        model, batch = build("llama")
-        expected = loss_and_grads(model, model, *batch)
-        options = {"memory_budget": 0.3, "device_profile": "h100", "place_backward_only_early": early}
-        compiled, partitioner = compile_with_reports(model, "adacc_eager", options)
+        model, batch = build("gpt")
+        _, expected = loss_and_grads(model, model, *batch)
+        options = {
+            "memory_budget": 0.3, "device_profile": "h100", "accuracy": "aggressive", "allow_recompute": False,
+            "place_backward_only_early": early,
+        }
+        compiled, states = compile_capturing(model, options, eager=True, mode=Realization.INDUCTOR)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the budget is below the minimum: clamped, with a warning
-            actual = loss_and_grads(model, compiled, *batch)
-        assert_same(expected, actual, rel=EAGER_REL)
-        summary = partitioner.reports[-1]["summary"]
+            _, actual = loss_and_grads(model, compiled, *batch)
+        summary = states[0].report["summary"]
         assert summary["predicted_activation_peak_bytes"] <= summary["modelled_activation_peak_bytes"]
         minimum[early] = summary["minimum_activation_peak_bytes"]
-    assert minimum[True] < 0.9 * minimum[False], minimum
+        error[early] = max(float((actual[k] - expected[k]).norm() / expected[k].norm()) for k in expected)
+    assert minimum[True] < 0.7 * minimum[False], minimum
+    assert error[True] <= 1.05 * error[False] + 1e-6, error
