@@ -12,7 +12,7 @@ downloaded; `adacc_examples.text_data`). Optimiser: AdamW. adacc variants use
 eagerly, codecs through their torch reference implementations) at
 ``memory_budget=--budget`` with ``device_profile=--profile``: the H100 cost
 model makes compression cheap, so at a tight budget the planner compresses
-(an issue-4 study of what compression does to the loss, not of CPU speed).
+(a study of what compression does to the loss, not of CPU speed).
 
 Reported per variant: final train loss (mean of the last 20 steps) and its
 relative difference to the uncompressed run, validation loss at the end,

@@ -27,29 +27,26 @@ pass places each recomputation right before its first use.
 
 from __future__ import annotations
 
-import torch
 import torch.fx as fx
 
 from adacc_compile.compat import JointGraphInfo
 
 
 def _is_barrier(node: fx.Node) -> bool:
-    """An op no value may move across: it writes memory or has effects."""
+    """An op no value may move across: it writes memory (a mutable schema)
+    or has other effects. Random ops are not barriers: values move across
+    them, though not they themselves (`_movable`)."""
     if node.op != "call_function":
         return node.op == "output"
-    schema = getattr(node.target, "_schema", None)
-    if schema is not None and (
-        schema.is_mutable or any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-    ):
-        return True
-    return node.is_impure(impure_random=False)  # values move across random ops, not random ops
+    return node.is_impure(impure_random=False)
 
 
 def _movable(node: fx.Node, info: JointGraphInfo) -> bool:
+    """A backward-only forward value whose op is pure: no writes, no
+    effects, not random (``is_impure`` counts random ops by default)."""
     if node.op != "call_function" or node not in info.forward_nodes or node in info.forward_needed:
         return False
-    tags = getattr(node.target, "tags", ())
-    return torch.Tag.nondeterministic_seeded not in tags and not node.is_impure() and not _is_barrier(node)
+    return not node.is_impure()
 
 
 def place_backward_only_values_early(gm: fx.GraphModule, info: JointGraphInfo) -> int:

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .plan_problem import (
     AuxBound,
@@ -518,7 +518,7 @@ def _forward_rows(
             extra[lt.forward_last_use + 1] -= lt.forward_bytes
             held_from = end + 1 if lt.forward_bytes else p
             if lt.forward_bytes:
-                _late_reader_terms(b, rows, lt, fw, computed, keep)
+                _late_reader_terms(rows, lt, fw, computed, lt.forward_bytes, _unless_kept(b, keep))
         else:
             bounds = [AuxBound(const=0.0, terms=((keep, 1.0),))] if keep else []
             bounds += [AuxBound(const=0.0, terms=((c, 1.0),)) for c, _ in comps]
@@ -532,7 +532,7 @@ def _forward_rows(
                     rows[s][computed[cand.name]] += lt.forward_bytes
                 # A late reader computed in the forward computes this value
                 # too, and keeps its storage alive until it runs.
-                _late_reader_terms(b, rows, lt, fw, computed, keep)
+                _late_reader_terms(rows, lt, fw, computed, lt.forward_bytes, _unless_kept(b, keep))
             held_from = end + 1 if lt.forward_bytes else p
         if keep and cand.keep_bytes:
             ranges.add(keep, held_from, last_segment, cand.keep_bytes)
@@ -562,38 +562,37 @@ def _written_terms(
     lives from its node to its last forward use, and on to each late
     reader the plan computes in the forward: rows += comp · bytes, then
     comp · fc[r] · bytes over each extension."""
-    end = fw.of[lt.forward_last_use]
-    ranges.add(comp, fw.of[lt.produced], end, lt.written_bytes)
-    for name, position in lt.late_readers:
-        mark = computed.get(name)
-        if not isinstance(mark, str):
-            continue
-        both = b.product((comp, mark))
-        for s in range(end + 1, fw.of[position] + 1):
-            rows[s][both] += lt.written_bytes
+    ranges.add(comp, fw.of[lt.produced], fw.of[lt.forward_last_use], lt.written_bytes)
+    _late_reader_terms(rows, lt, fw, computed, lt.written_bytes, lambda mark: b.product((comp, mark)))
+
+
+def _unless_kept(b: _Builder, keep: str | None) -> Callable[[str], str]:
+    """fc[r] -> fc[r] · (1 - keep): a kept value is counted by its keep term
+    from its last forward use on."""
+    if keep is None:
+        return lambda mark: mark
+    return lambda mark: b.new([AuxBound(const=0.0, terms=((mark, 1.0), (keep, -1.0)))])
 
 
 def _late_reader_terms(
-    b: _Builder,
     rows: list[dict[str, float]],
     lt: Lifetime,
     fw: Segments,
     computed: dict[str, str | float],
-    keep: str | None,
+    nbytes: float,
+    gate: Callable[[str], str],
 ) -> None:
-    """A forward temporary read later by a value the plan may compute in the
-    forward lives until that reader, if it is computed there: rows += fc[r]
-    · (1 - keep) · bytes over the extension (a kept value is counted by its
-    keep term from its last forward use on)."""
+    """A storage read later by a value the plan may compute in the forward
+    lives until that reader, if it is computed there: rows += gate(fc[r]) ·
+    bytes from the segment after the last forward use to the reader's."""
     start = fw.of[lt.forward_last_use] + 1
     for name, position in lt.late_readers:
         mark = computed.get(name)
         if not isinstance(mark, str):
             continue
-        if keep is not None:
-            mark = b.new([AuxBound(const=0.0, terms=((mark, 1.0), (keep, -1.0)))])
+        mark = gate(mark)
         for s in range(start, fw.of[position] + 1):
-            rows[s][mark] += lt.forward_bytes
+            rows[s][mark] += nbytes
 
 
 def _merge(rows: list[tuple[str, int, tuple[float, dict[str, float]]]]) -> list[MemoryRow]:

@@ -361,9 +361,7 @@ def _relax_boundary(
     )
     if not least.choices:  # the solver kept no plan, not even its start
         least = within_peak
-        relaxed = dataclasses.replace(budget, boundary_bytes=max(
-            budget.boundary_bytes or 0, int(saved_bytes(problem, within_peak) * (1 + 1e-6)) + 1
-        ))
+        relaxed = dataclasses.replace(budget, boundary_bytes=_boundary_cap(problem, within_peak, budget.boundary_bytes))
     solution = _solve(problem, relaxed, planner, with_start(options, least, "the least-bytes plan within the peak"))
     if solution.status == "infeasible":  # the start itself meets both caps; a solver limit
         solution = least
@@ -393,9 +391,14 @@ def _least_boundary(
     least = solve_milp(within_peak, options, minimize="bytes")
     if not least.choices:
         return budget, least
-    least_bytes = int(saved_bytes(problem, least) * (1 + 1e-6)) + 1
-    cap = least_bytes if requested is None else max(requested, least_bytes)
-    return dataclasses.replace(budget, boundary_bytes=cap), least
+    return dataclasses.replace(budget, boundary_bytes=_boundary_cap(problem, least, requested)), least
+
+
+def _boundary_cap(problem: PlanProblem, plan: PlanSolution, requested: int | None) -> int:
+    """The requested boundary cap, or what ``plan`` saves (plus rounding
+    room) where that is more."""
+    held = int(saved_bytes(problem, plan) * (1 + 1e-6)) + 1
+    return held if requested is None else max(requested, held)
 
 
 def _solve(problem: PlanProblem, budget: BudgetResolution, planner: str, options: SolverOptions) -> PlanSolution:
