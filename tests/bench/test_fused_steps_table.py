@@ -15,6 +15,7 @@ from bench_fused_steps import (  # noqa: E402
     matched_variants,
     paired_ratio,
     recompute_only_of,
+    step_matched_variants,
     table,
 )
 
@@ -97,3 +98,38 @@ def test_the_table_says_which_plans_are_over_their_budget():
     assert fits_budget(over) is False and fits_budget(within) is True and fits_budget(reference) is None
     rows = table([reference, over, within]).splitlines()
     assert [row.split("|")[-2].strip() for row in rows[2:]] == ["", "no", "yes"]
+
+
+def _predicted(result: VariantResult, step_peak: int) -> VariantResult:
+    result.predicted_peak_bytes = step_peak
+    return result
+
+
+def test_a_matched_plan_off_its_recompute_only_step_peak_is_asked_again_with_the_difference():
+    rec = _predicted(_planned("recompute-only @0.4 [auto]", [3_000_000]), 5_000_000)
+    matched = matched_variants([rec])
+    planned = [
+        _predicted(_planned("mixed/balanced at peak of @0.4 [auto]", [2_990_000]), 5_600_000),  # above
+        _predicted(_planned("mixed/aggressive at peak of @0.4 [auto]", [2_990_000]), 4_700_000),  # below
+    ]
+    again = step_matched_variants([rec], matched, planned)
+    assert [v.name for v in again] == [
+        "mixed/balanced at step peak of @0.4 [auto]", "mixed/aggressive at step peak of @0.4 [auto]",
+    ]
+    assert [v.options["memory_budget"] for v in again] == [3_000_000 - 600_000, 3_000_000 + 300_000]
+    assert again[1].options["accuracy"] == "aggressive" and again[1].options["device_profile"] == "auto"
+    assert recompute_only_of(again[0].name) == "recompute-only @0.4 [auto]"
+
+
+def test_a_matched_plan_at_its_recompute_only_step_peak_is_not_asked_again():
+    rec = _predicted(_planned("recompute-only @0.4 [auto]", [3_000_000]), 5_000_000)
+    close = _predicted(_planned("mixed/balanced at peak of @0.4 [auto]", [2_990_000]), 5_020_000)  # within 0.5%
+    assert step_matched_variants([rec], matched_variants([rec]), [close]) == []
+
+
+def test_a_matched_plan_without_a_prediction_or_a_positive_budget_is_not_asked_again():
+    rec = _predicted(_planned("recompute-only @0.4 [auto]", [1_000]), 5_000_000)
+    matched = matched_variants([rec])
+    unplanned = _result("mixed/balanced at peak of @0.4 [auto]", 1, [1.0])  # failed: no prediction
+    huge = _predicted(_planned("mixed/aggressive at peak of @0.4 [auto]", [1_000]), 6_000_000)
+    assert step_matched_variants([rec], matched, [unplanned, huge]) == []
