@@ -116,15 +116,32 @@ def test_a_matched_plan_off_its_recompute_only_step_peak_is_asked_again_with_the
     assert [v.name for v in again] == [
         "mixed/balanced at step peak of @0.4 [auto]", "mixed/aggressive at step peak of @0.4 [auto]",
     ]
-    assert [v.options["memory_budget"] for v in again] == [3_000_000 - 600_000, 3_000_000 + 300_000]
+    # above: from the activation peak it reached; below: from its budget
+    assert [v.options["memory_budget"] for v in again] == [2_990_000 - 600_000, 3_000_000 + 300_000]
     assert again[1].options["accuracy"] == "aggressive" and again[1].options["device_profile"] == "auto"
     assert recompute_only_of(again[0].name) == "recompute-only @0.4 [auto]"
 
 
-def test_a_matched_plan_at_its_recompute_only_step_peak_is_not_asked_again():
+def test_a_matched_plan_a_little_below_its_recompute_only_step_peak_is_not_asked_again_one_above_is():
     rec = _predicted(_planned("recompute-only @0.4 [auto]", [3_000_000]), 5_000_000)
-    close = _predicted(_planned("mixed/balanced at peak of @0.4 [auto]", [2_990_000]), 5_020_000)  # within 0.5%
-    assert step_matched_variants([rec], matched_variants([rec]), [close]) == []
+    below = _predicted(_planned("mixed/balanced at peak of @0.4 [auto]", [2_990_000]), 4_980_000)  # within 0.5%
+    above = _predicted(_planned("mixed/aggressive at peak of @0.4 [auto]", [2_990_000]), 5_000_100)
+    again = step_matched_variants([rec], matched_variants([rec]), [below, above])
+    assert [(v.name, v.options["memory_budget"]) for v in again] == [
+        ("mixed/aggressive at step peak of @0.4 [auto]", 2_990_000 - 100),
+    ]
+
+
+def test_a_plan_asked_again_keeps_its_name_and_is_asked_from_its_new_budget():
+    rec = _predicted(_planned("recompute-only @0.4 [auto]", [3_000_000]), 5_000_000)
+    first = step_matched_variants([rec], matched_variants([rec]), [
+        _predicted(_planned("mixed/balanced at peak of @0.4 [auto]", [3_000_000]), 5_500_000),
+    ])
+    second = step_matched_variants([rec], first, [
+        _predicted(_planned("mixed/balanced at step peak of @0.4 [auto]", [2_400_000]), 5_050_000),
+    ])
+    assert [v.name for v in second] == [v.name for v in first] == ["mixed/balanced at step peak of @0.4 [auto]"]
+    assert second[0].options["memory_budget"] == 2_400_000 - 50_000
 
 
 def test_a_matched_plan_without_a_prediction_or_a_positive_budget_is_not_asked_again():
