@@ -276,9 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", default="bench/results")
     parser.add_argument("--no-matched", dest="matched", action="store_false",
                         help="skip the mixed plans budgeted at each recompute-only plan's simulated peak")
-    parser.add_argument("--step-rounds", type=int, default=2,
+    parser.add_argument("--step-rounds", type=int, default=1,
                         help="times a matched mixed plan whose predicted step peak is off its recompute-only "
-                             "plan's is asked again (0: never)")
+                             "plan's is asked again (0: never; a later round replaces the earlier plan, and "
+                             "on the Llama @0.4 a second round went the wrong way: bench/RESULTS.md)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import torch._inductor.config as inductor_config
