@@ -256,8 +256,8 @@ def _timed(fn: Callable[[], object], inner: int) -> float:
     backward timed 8.0 ms against 6.4 ms with 10 calls, the restored one
     7.1 and 6.9, so decompression looked faster than keeping the value).
     It does not make the figures steady: in a run of every codec the same
-    day, each codec's compress looked 1-4 ms faster than keeping the value,
-    and in the next run none did (bench/RESULTS.md)."""
+    day, nine of eleven codecs' compress looked 0.7-3.9 ms faster than
+    keeping the value, and in the next run none did (bench/RESULTS.md)."""
     fn()
     start = time.perf_counter()
     for _ in range(inner):

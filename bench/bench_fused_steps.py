@@ -97,9 +97,9 @@ def activation_peak_bytes(result: VariantResult) -> int:
 MATCHED = "at peak of "
 
 
-#: Name infix of a matched mixed plan asked again for less activation
-#: memory, so that its predicted step peak is no higher than its
-#: recompute-only plan's: "mixed/balanced at step peak of @0.4 [auto]".
+#: Name infix of a matched mixed plan asked again with its activation
+#: budget moved towards its recompute-only plan's predicted step peak:
+#: "mixed/balanced at step peak of @0.4 [auto]".
 STEP_MATCHED = "at step peak of "
 #: Predicted step peaks closer than this fraction count as equal.
 STEP_TOLERANCE = 0.005
@@ -151,9 +151,11 @@ def step_matched_variants(
     budgeted at recompute-only's activation peak held no more activations
     but measured 21.07 MiB against recompute-only's 20.50, so "at equal
     memory" was not; on the GPT one measured 27.70 against 30.73, memory
-    it could have spent recomputing less. The simulator predicts step
-    peaks to within about 1 MiB (to 0.01 MiB on those Llama plans), so its
-    difference is what the next request moves. A name asked again keeps
+    it could have spent recomputing less. The simulator predicts the
+    Llama's step peaks to 0.01 MiB (the GPT's up to 2.5 MiB under), so its
+    difference is what the next request moves. The step peak is not
+    monotone in the activation budget, so this is a heuristic: a second
+    round can land further off (bench/RESULTS.md). A name asked again keeps
     its name, so `main` can ask a plan still above once more."""
     rec_by_name = {r.name: r for r in recompute_only}
     variant_by_name = {v.name: v for v in matched}
