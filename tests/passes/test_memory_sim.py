@@ -330,3 +330,32 @@ def test_a_pointwise_kernel_writes_into_a_dying_saved_value_of_its_size():
     assert inductor["mm"] == 4 + 2 * kib16  # g and the product
     assert eager["sub"] == 4 + 2 * kib16  # the product and the difference, each a buffer
     assert transposed["sub"] == 4 + 2 * kib16
+
+
+def _dropout_forward(x):
+    out, mask = torch.ops.aten.native_dropout.default(x, 0.1, True)
+    return out.sum(), mask
+
+
+def test_an_eager_dropout_holds_a_float_copy_of_its_mask_while_it_runs():
+    """ATen's CPU ``native_dropout`` (what a graph compiled with
+    ``fallback_random=True`` runs) multiplies by its mask converted to the
+    input's dtype: the simulated peak is the allocator's, that copy
+    included (without it the simulation is one input size short)."""
+    from adacc_compile.measure import measure_peak_bytes
+
+    x = torch.randn(64, 1024)
+    fw = make_fx(_dropout_forward, tracing_mode="fake")(x)
+    bw = make_fx(lambda: ())()
+    simulated = simulate_step(fw, bw, num_fwd_outputs=2).peak_bytes
+    measured = measure_peak_bytes(lambda: _dropout_forward(x))
+    nbytes = x.numel() * 4
+    assert measured >= 2 * nbytes + x.numel()  # output, its float mask copy and the bool mask, together
+    assert simulated == measured
+
+
+def test_an_evaluation_dropout_has_no_workspace():
+    x = torch.randn(64, 1024)
+    fw = make_fx(lambda x: torch.ops.aten.native_dropout.default(x, 0.1, False), tracing_mode="fake")(x)
+    timeline = simulate_step(fw, make_fx(lambda: ())(), num_fwd_outputs=2)
+    assert timeline.peak_bytes == x.numel() * 4 + x.numel()  # the output (a copy) and the mask, no more
