@@ -155,7 +155,7 @@ def step_matched_variants(
     Llama's step peaks to 0.01 MiB (the GPT's up to 2.5 MiB under), so its
     difference is what the next request moves. The step peak is not
     monotone in the activation budget, so this is a heuristic: a second
-    round can land further off (bench/RESULTS.md). A name asked again keeps
+    round can overshoot (bench/RESULTS.md). A name asked again keeps
     its name, so `main` can ask a plan still above once more."""
     rec_by_name = {r.name: r for r in recompute_only}
     variant_by_name = {v.name: v for v in matched}
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-rounds", type=int, default=1,
                         help="times a matched mixed plan whose predicted step peak is off its recompute-only "
                              "plan's is asked again (0: never; a later round replaces the earlier plan, and "
-                             "on the Llama @0.4 a second round went the wrong way: bench/RESULTS.md)")
+                             "on the Llama @0.4 a second round overshot: bench/RESULTS.md)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import torch._inductor.config as inductor_config
