@@ -237,10 +237,11 @@ def _eager_dropout_workspace(node: fx.Node) -> int:
     A ``native_dropout`` node reaches a compiled graph only where Inductor
     does not generate its own random kernels (``fallback_random=True``,
     as the benchmarks compile to match eager), and then runs as that ATen
-    op. On a 2-layer GPT (d_model 256) the step peak was at the attention
-    dropout's temporary (4 MiB), 2.4 MiB above the prediction (profiler
-    allocator trace, 2026-12-05). CUDA's fused dropout kernel has no such
-    temporary."""
+    op. On a 2-layer GPT (d_model 256) the measured step peak was inside
+    the attention dropout, this temporary (4 MiB) one of what the
+    simulation missed there (profiler allocator trace, 2026-12-05; the
+    rest is the softmax kernel's buffers, bench/RESULTS.md). CUDA's fused
+    dropout kernel has no such temporary."""
     x = _tensor_val(node.args[0]) if node.args else None
     train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
     if x is None or x.device.type != "cpu" or train is False:
@@ -387,7 +388,6 @@ def _inplace_donor(
         ):
             return storage
     return None
-
 
 
 def _contiguous(value: torch.Tensor) -> bool:
