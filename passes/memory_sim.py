@@ -146,7 +146,7 @@ def simulate_step(
     graph's forward node names (a backward node with such a name is a
     recomputation and counts as activation memory)."""
     state = _State()
-    workspaces = _codec_workspaces()
+    workspaces = _workspaces()
     forward_names = set(forward_names)
     charged = set(charged_inputs)
     fw_outputs = _output_nodes(fw_module)
@@ -218,10 +218,15 @@ def _output_nodes(gm: fx.GraphModule) -> list[fx.Node]:
 WorkspaceFn = Callable[[fx.Node], int]
 
 
-def _codec_workspaces() -> dict[Any, WorkspaceFn]:
+def _workspaces() -> dict[Any, WorkspaceFn]:
     """Op -> the scratch bytes of one of its nodes (see module docstring):
-    the codec ops, and ``native_dropout`` where it runs as ATen's CPU op."""
-    table: dict[Any, WorkspaceFn] = {torch.ops.aten.native_dropout.default: _eager_dropout_workspace}
+    ATen ops that run eagerly in a compiled graph, then the codec ops."""
+    return {torch.ops.aten.native_dropout.default: _eager_dropout_workspace, **_codec_workspaces()}
+
+
+def _codec_workspaces() -> dict[Any, WorkspaceFn]:
+    """Codec op -> the scratch bytes of one of its nodes (see module docstring)."""
+    table: dict[Any, WorkspaceFn] = {}
     for name in available_codecs():
         codec = get_codec(name)
         table[codec.compress_op] = lambda node, codec=codec: _compress_workspace(codec, node)
