@@ -59,6 +59,7 @@ import platform
 import statistics
 import sys
 import warnings
+from typing import Callable
 
 import torch
 
@@ -183,6 +184,26 @@ def step_matched_variants(
     return out
 
 
+def step_matched_rounds(
+    recompute_only: list[VariantResult],
+    matched: list[Variant],
+    plan: Callable[[list[Variant]], list[VariantResult]],
+    rounds: int,
+) -> list[Variant]:
+    """Up to ``rounds`` rounds of `step_matched_variants`: each round plans
+    (``plan``) what the last one asked for; a plan asked again replaces
+    its earlier request (same name). Returns the last request per name."""
+    latest: dict[str, Variant] = {}
+    asked = matched
+    for _ in range(rounds):
+        again = step_matched_variants(recompute_only, asked, plan(asked))
+        if not again:
+            break
+        latest.update((v.name, v) for v in again)
+        asked = again
+    return list(latest.values())
+
+
 def matmul_recomputes(result: VariantResult) -> int:
     return sum(
         1 for rep in result.reports for r in rep["plan"] if r["decision"] == "recompute" and r["op_class"] == "matmul"
@@ -301,14 +322,10 @@ def main(argv: list[str] | None = None) -> int:
                                      timing_repeats=0)
                 matched = matched_variants(first)
                 planned += matched
-                asked = matched
-                for _ in range(args.step_rounds):  # then each matched plan, for its predicted step peak
-                    again = step_matched_variants(first, asked, run_variants(model, batches, asked, timing_repeats=0))
-                    if not again:
-                        break
-                    step_matched = {v.name: v for v in again}
-                    planned = [v for v in planned if v.name not in step_matched] + again
-                    asked = again
+                planned += step_matched_rounds(  # then each matched plan, for its predicted step peak
+                    first, matched, lambda asked: run_variants(model, batches, asked, timing_repeats=0),
+                    args.step_rounds,
+                )
             results = run_variants(model, batches, planned, timing_repeats=args.repeats)
         sections.append(
             f"### {name}: {args.layers} layers, d_model {args.d_model}, seq {args.seq_len}, batch {args.batch}, fp32\n\n"

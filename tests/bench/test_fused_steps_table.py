@@ -15,6 +15,7 @@ from bench_fused_steps import (  # noqa: E402
     matched_variants,
     paired_ratio,
     recompute_only_of,
+    step_matched_rounds,
     step_matched_variants,
     table,
 )
@@ -150,3 +151,27 @@ def test_a_matched_plan_without_a_prediction_or_a_positive_budget_is_not_asked_a
     unplanned = _result("mixed/balanced at peak of @0.4 [auto]", 1, [1.0])  # failed: no prediction
     huge = _predicted(_planned("mixed/aggressive at peak of @0.4 [auto]", [1_000]), 6_000_000)
     assert step_matched_variants([rec], matched, [unplanned, huge]) == []
+
+
+def test_rounds_plan_what_the_last_round_asked_and_stop_when_nothing_is_off():
+    rec = _predicted(_planned("recompute-only @0.4 [auto]", [3_000_000]), 5_000_000)
+    matched = matched_variants([rec])
+    step_peaks = iter([  # per round, per asked plan: the predicted step peak
+        {"mixed/balanced at peak of @0.4 [auto]": 5_500_000, "mixed/aggressive at peak of @0.4 [auto]": 5_000_000},
+        {"mixed/balanced at step peak of @0.4 [auto]": 5_100_000},
+        {"mixed/balanced at step peak of @0.4 [auto]": 5_000_000},
+    ])
+    calls = []
+
+    def plan(asked):
+        calls.append([v.name for v in asked])
+        peaks = next(step_peaks)
+        return [_predicted(_planned(v.name, [v.options["memory_budget"]]), peaks[v.name]) for v in asked]
+
+    out = step_matched_rounds([rec], matched, plan, rounds=5)
+    again = ["mixed/balanced at step peak of @0.4 [auto]"]
+    assert calls == [[v.name for v in matched], again, again]  # round 3 found nothing off: stop
+    assert [(v.name, v.options["memory_budget"]) for v in out] == [
+        ("mixed/balanced at step peak of @0.4 [auto]", 3_000_000 - 500_000 - 100_000),
+    ]
+    assert step_matched_rounds([rec], matched, plan, rounds=0) == []
