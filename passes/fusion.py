@@ -91,6 +91,17 @@ _SCATTERS_INTO_A_COPY = frozenset({
 #: (a select between their two inputs): fused like any pointwise op (the
 #: RoPE backward's scatters of the even and odd halves into zeros).
 _POINTWISE_LOWERINGS = frozenset({"aten.slice_scatter", "aten.select_scatter"})
+#: Fallback ops whose lowering constrains an input to the FX graph's strides
+#: (``constrain_to_fx_strides``): a pointwise input that is not yet written
+#: is *copied* into a buffer for the op alone (``ExternKernel.copy_input``),
+#: and the value's other readers still inline it. ``native_dropout`` runs as
+#: a fallback only under ``fallback_random`` (the benchmarks' setting); a GPT
+#: attention's probabilities, read by it and by the dropout's product, are
+#: then written once for the dropout and recomputed from the softmax's
+#: exponentials after it, which keeps those exponentials written until then
+#: (measured: the 4 MiB a GPT d256 step held above this model in the second
+#: block's dropout, before).
+_INPUT_COPYING_FALLBACKS = frozenset({"aten.native_dropout"})
 
 
 def _op_class(node: fx.Node) -> OpClass:
@@ -128,6 +139,13 @@ def absorbs_producer(node: fx.Node) -> bool:
     )
 
 
+def copies_its_input(node: fx.Node) -> bool:
+    """Does Inductor give ``node`` a copy of an unwritten pointwise input
+    (see ``_INPUT_COPYING_FALLBACKS``) rather than writing that input once
+    for all its readers?"""
+    return node.op == "call_function" and op_name(node) in _INPUT_COPYING_FALLBACKS
+
+
 def _fill_needs_no_buffer(node: fx.Node, consumers: list[fx.Node]) -> bool:
     """A constant fill whose every reader inlines it (a fusible op) or
     copies it into its own output (a functional scatter's first input)."""
@@ -159,7 +177,10 @@ def materialised(
         return False
     if mode is Realization.EAGER or not is_pointwise(node):
         return True
-    if any(c.op == "output" for c in consumers) or not all(absorbs_producer(c) for c in consumers):
+    if any(c.op == "output" for c in consumers):
+        return True
+    inlining = [c for c in consumers if not copies_its_input(c)]  # the others get a copy
+    if not inlining or not all(absorbs_producer(c) for c in inlining):
         return True
     if memo is None:
         return False
@@ -189,17 +210,40 @@ def realised_by_lowering(node: fx.Node, consumers: list[fx.Node], mode: Realizat
         return False
     if "positions" not in memo:
         memo["positions"] = {n: i for i, n in enumerate(node.graph.nodes)}
-    return _read_past_a_kernel_boundary(node, readers, memo["positions"])
+    return _read_past_a_kernel_boundary(node, _reading_kernels(readers), memo["positions"])
+
+
+def _reading_kernels(readers: Iterable[fx.Node]) -> set[fx.Node]:
+    """The ops whose kernels read a value that ``readers`` read: each
+    reader, and for a reader fused into its own consumers (by the
+    structural rule of `materialised`; through views) those consumers, since
+    Inductor inlines the reader, and its reads, into their kernels."""
+    kernels: set[fx.Node] = set()
+    stack = list(readers)
+    while stack:
+        reader = stack.pop()
+        if reader in kernels:
+            continue
+        kernels.add(reader)
+        if reader.op == "call_function" and (
+            is_view_op(reader)
+            or (is_pointwise(reader) and not materialised(reader, reader.users, Realization.INDUCTOR))
+        ):
+            stack.extend(reader.users)
+    return kernels
 
 
 def _read_past_a_kernel_boundary(node: fx.Node, readers: set[fx.Node], position: dict[fx.Node, int]) -> bool:
-    """Whether one of ``readers`` (of ``node``) runs after an op that cannot share
-    ``node``'s kernel (a matmul, a custom op) and depends on ``node``: only
-    then does a realised value keep its buffer. Inductor's scheduler drops
-    a realised buffer whose readers all fused into the kernel that writes
-    it (a SiLU backward's sigmoid, read twice in one kernel, is realised
-    and never allocated)."""
-    last = max((position[r] for r in readers), default=-1)
+    """Whether one of ``readers`` (the kernels reading ``node``, `_reading_kernels`)
+    runs after an op that cannot share ``node``'s kernel (a matmul, a
+    custom op) and depends on ``node``: only then does a realised value
+    keep its buffer. Inductor's scheduler drops a realised buffer whose
+    readers all fused into the kernel that writes it (a SiLU backward's
+    sigmoid, read twice in one kernel, is realised and never allocated).
+    A reader inlined into a later kernel reads the buffer there: the
+    softmax's exponentials, read by its division, which a dropout's product
+    after the (fallback) dropout recomputes."""
+    last = max((position.get(r, -1) for r in readers), default=-1)
     frontier = [(user, False) for user in node.users]
     seen: set[tuple[fx.Node, bool]] = set()
     while frontier:

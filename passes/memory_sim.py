@@ -52,7 +52,7 @@ from adacc_compile.compat import concrete_int
 from adacc_compile.kernels import Codec, available_codecs, get_codec
 
 from .compress_rewrite import DECOMPRESSED
-from .fusion import Realization, absorbs_producer, is_pointwise, materialised
+from .fusion import Realization, absorbs_producer, copies_its_input, is_pointwise, materialised
 from .op_class import is_view_op, op_name
 
 
@@ -325,8 +325,8 @@ def _run_graph(
             continue
         else:
             storages[node] = []
-        workspace = _workspace_of(node, workspaces)
-        state.live += workspace  # scratch of a codec op: live while it runs
+        workspace = _workspace_of(node, workspaces) + _input_copies(node, storages, mode)
+        state.live += workspace  # scratch of a codec op, a fallback's input copies: live while it runs
         state.record(phase, node.name)
         state.live -= workspace
         # Free what this node's kernel was the last to read (and dead outputs).
@@ -439,7 +439,8 @@ def _kernel_positions(nodes: list[fx.Node], mode: Realization, memo: dict) -> di
     for nothing later may be fused into an earlier kernel and do not
     extend the reads. The values Inductor writes instead
     (`fusion.realised_by_lowering`) are materialised and read where they
-    stand.
+    stand. A fallback that gets its own copy of a fused value
+    (`fusion.copies_its_input`) reads it where it runs.
     A view reads nothing (its base stays allocated while the view lives)."""
     position = {node: index for index, node in enumerate(nodes)}
     waits_for = _last_kernel_boundary(nodes, position)
@@ -452,7 +453,7 @@ def _kernel_positions(nodes: list[fx.Node], mode: Realization, memo: dict) -> di
         if not is_view_op(node) and not materialised(node, node.users, mode, memo):
             readers = _readers_through_views(node)
             if len(readers) > 1:  # recomputed where each reader held back by a later matmul runs
-                readers = [r for r in readers if waits_for[nodes[runs_at[r]]] > index]
+                readers = [r for r in readers if waits_for[nodes[runs_at[r]]] > index or copies_its_input(r)]
             runs_at[node] = max([index, *(runs_at[r] for r in readers)])
     return runs_at
 
@@ -473,6 +474,20 @@ def _last_kernel_boundary(nodes: list[fx.Node], position: dict[fx.Node, int]) ->
                 bound = max(bound, latest.get(arg, -1))  # fusible, or an input: what it waits for
         latest[node] = bound
     return latest
+
+
+def _input_copies(node: fx.Node, storages: dict[fx.Node, list[_Storage]], mode: Realization) -> int:
+    """Bytes of the copies Inductor writes for ``node`` of its unwritten
+    pointwise inputs (`fusion.copies_its_input`): counted while ``node``
+    runs, where they are at their largest (the copy is written by the kernel
+    right before it, and dies with it)."""
+    if mode is not Realization.INDUCTOR or not copies_its_input(node):
+        return 0
+    return sum(
+        _nbytes(arg.meta.get("val"))
+        for arg in node.all_input_nodes
+        if arg.op == "call_function" and not is_view_op(arg) and not storages.get(arg)
+    )
 
 
 def _readers_through_views(node: fx.Node) -> list[fx.Node]:

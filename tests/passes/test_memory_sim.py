@@ -359,3 +359,37 @@ def test_an_evaluation_dropout_has_no_workspace():
     fw = make_fx(lambda x: torch.ops.aten.native_dropout.default(x, 0.1, False), tracing_mode="fake")(x)
     timeline = simulate_step(fw, make_fx(lambda: ())(), num_fwd_outputs=2)
     assert timeline.peak_bytes == x.numel() * 4 + x.numel()  # the output (a copy) and the mask, no more
+
+
+def _softmax_then_fallback_dropout(s, v):
+    # As a GPT attention under ``fallback_random``: the probabilities are
+    # read by the (fallback) dropout and by the product with its mask.
+    e = (s - s.amax(-1, keepdim=True)).exp()
+    p = e / e.sum(-1, keepdim=True)
+    _, mask = torch.ops.aten.native_dropout.default(p, 0.1, True)
+    return ((p * mask) @ v,)
+
+
+def test_a_fallback_dropout_gets_a_copy_of_a_fused_input_and_its_other_reader_recomputes_it():
+    """Inductor copies the unwritten probabilities for the dropout alone
+    and recomputes them in the product after it, from the exponentials,
+    which stay written until then: the simulated peak is the allocator's
+    (without the copy rule the simulation was an input size short)."""
+    import torch._inductor.config as inductor_config
+
+    from adacc_compile.measure import measure_peak_bytes
+    from adacc_compile.passes.fusion import Realization
+
+    inputs = [torch.randn(64, 1024), torch.randn(1024, 64)]
+    fw = make_fx(_softmax_then_fallback_dropout, tracing_mode="fake")(*inputs)
+    bw = make_fx(lambda: ())()
+    simulated = simulate_step(fw, bw, num_fwd_outputs=1, mode=Realization.INDUCTOR).peak_bytes
+    torch._dynamo.reset()
+    with inductor_config.patch({"allow_buffer_reuse": False, "fallback_random": True, "fx_graph_cache": False}):
+        compiled = torch.compile(_softmax_then_fallback_dropout, backend="inductor")
+        compiled(*inputs)
+        measured = measure_peak_bytes(lambda: compiled(*inputs))
+    nbytes = inputs[0].numel() * 4
+    # the exponentials, the dropout's copy, output and float mask, and the bool mask
+    assert measured >= 4 * nbytes + inputs[0].numel()
+    assert simulated == measured
