@@ -80,8 +80,9 @@ Choosing the outlier channels per call reads ``x`` twice (channel
 statistics, then quantisation): they must be known before any group scale
 is. A calibrated plan instead measures them once on a real batch
 (`IntOutlierCodec.calibration_parameters`) and holds them as a constant of
-the compiled graph; its compress then reads ``x`` once, group by group,
-with no sort. On a later batch whose strongest channels moved, a
+the compiled graph; its compress then needs no channel statistics and no
+sort (Inductor's C++ still reads ``x`` twice, group statistics and then
+codes: see `_aten_compress`). On a later batch whose strongest channels moved, a
 strong channel outside them only widens its group's scale (the worst case
 above still holds); `adacc_compile.monitor` measures that drift.
 """
@@ -430,16 +431,27 @@ def _aten_compress(fmt: IntFormat, x: torch.Tensor, index: torch.Tensor | None =
     """`_torch_compress` written for Inductor (the same payload, bit for bit).
 
     With calibrated outlier channels (``index``, passed through as the
-    payload's index) one pass over ``x``: the group scales and the codes.
-    Without, two passes over ``x``, the fewest the format allows (the outlier
-    channels, chosen from all rows, decide every group scale): the channel
-    maxima (one reduction kernel), then per row and group the scale and
-    the codes, which Inductor fuses into one loop nest (the group is reduced
-    and then quantised while it is in cache). Each element costs a few
-    vector float ops (Inductor's CPU code is bound by them here, not by
-    memory): ``|x| < inf`` is the finite test, a product with a 0/1 float
-    mask of the regular channels zeroes outliers and padding, and the codes
-    of non-finite values are one select at the end.
+    payload's index) no channel statistics: the group statistics, then the
+    group scales and the codes. Without, the channel maxima (one reduction
+    kernel) come first: the outlier channels, chosen from all rows, decide
+    every group scale. Inductor (torch 2.13, C++) emits the group statistics
+    and the codes as two loop nests over all rows, so ``x`` is read twice:
+    the reciprocal of the scale is written to a buffer between them
+    (`aten_graphs.written`; inline it costs two divisions per vector).
+    Fusing the two per row and group, by keeping the per-group step's loops
+    [rows, groups] and scalar, was slower (3.24 against 2.92 copies of the
+    value for the compress alone, 4096 x 1024 float32, AVX512, 1 thread).
+
+    Each element costs a few vector float ops (Inductor's CPU code is bound
+    by them here, not by memory), and a select costs most: Inductor's
+    AVX512 code turns each comparison's mask into a vector and back. So
+    the group statistics take one select: ``|x| < inf`` is the finite test
+    and NaN/Inf become -1, a product with a 0/1 float mask of the regular
+    channels zeroes outliers and padding, and the non-finite flag is a sum
+    of ``kept - |kept|`` (with a second select for the flag, the int8
+    compress took 0.1 copies more alone and 0.3 more inside a graph,
+    LayerNorm -> matmul; medians of 25-31 interleaved rounds, same shape).
+    The codes of non-finite values are one select at the end.
     """
     check_input(x, codec=fmt.name, dtypes=_DTYPES)
     rows, channels = rows_channels(x.shape)
@@ -461,9 +473,14 @@ def _aten_compress(fmt: IntFormat, x: torch.Tensor, index: torch.Tensor | None =
     grouped = (F.pad(xf, pad) if padded != channels else xf).view(rows, groups, fmt.group)
     a = grouped.abs()
     ok = a < float("inf")
-    kept = torch.where(ok, a, 0.0) * regular  # |x| of the quantised values; 0 elsewhere
-    broken = torch.where(ok, 0.0, regular)  # 1.0 at NaN/Inf in regular channels
-    special = broken.sum(dim=-1) > 0  # a sum of 0/1: one add per vector (amax propagates NaN: three)
+    # One select for both group statistics: |x| of the quantised values,
+    # -1 at NaN/Inf in regular channels, 0 (or -0.0) in outlier channels and
+    # padding. Its maximum is the group's largest kept |x| (negative only
+    # when every value is NaN/Inf: the scale is then MIN_SCALE, as for 0),
+    # and ``kept - |kept|`` is -2 exactly at NaN/Inf in regular channels and
+    # 0 elsewhere, so the flag is a plain sum (no second select).
+    kept = torch.where(ok, a, -1.0) * regular
+    special = (kept - kept.abs()).sum(dim=-1) < 0
     limit = torch.where(special, fmt.qmax - 1.0, float(fmt.qmax))
     scale_f = truncate_to_bfloat16(aten_graphs.divide(kept.amax(dim=-1), limit))[1].clamp_min(MIN_SCALE)
     reciprocal = aten_graphs.written(aten_graphs.divide(1.0, scale_f))
@@ -481,6 +498,14 @@ def _aten_compress(fmt: IntFormat, x: torch.Tensor, index: torch.Tensor | None =
     if fmt.pack4:
         packed = _aten_pack_halves(codes.view(rows, padded))
     else:
+        if aten_graphs.vector_lanes(x.device) > 8:
+            # Through int32 (exact: the codes are whole numbers in -128..127):
+            # with AVX512 a truncating int32 -> int8 narrowing is cheaper than
+            # Inductor's direct float -> int8 cast (the int8 compress added
+            # 3.94 copies of the value in a graph instead of 4.13, medians of
+            # 31 interleaved rounds). With AVX2 it is the other way round (the
+            # compress alone took 5.2 ms instead of 3.6 through int32, measured).
+            codes = codes.to(torch.int32)
         packed = codes.to(torch.int8).view(rows, padded)
     stored_scale = torch.where(special, -scale_f, scale_f).to(_SCALE_DTYPE)  # exact: bfloat16 values
     values = x2d.index_select(1, index.long())
