@@ -261,17 +261,9 @@ def aten_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
     if native_fp8_casts(x.device):
         # torch's cast saturates ±Inf to the reserved ±Inf codes of both
         # formats already (e4m3fn: ±448; e5m2: ±Inf) and keeps a NaN's
-        # sign: one select on the codes makes every NaN the NaN code.
-        # Selecting after the cast (on int32 codes) and reading the row
-        # factor from a buffer: selecting the NaN before the cast instead,
-        # compress added 1.70 copies of the value in a graph and this 1.42
-        # (LayerNorm -> matmul, 4096 x 1024 float32, AVX512, medians of 25
-        # interleaved rounds); the select before the cast alone cost a
-        # float32 copy (Inductor's AVX512 code, measured).
-        factor = aten_graphs.written(_pow2(-s))
-        codes = (v * factor[:, None]).to(fmt.torch_dtype).view(torch.uint8)
-        codes = torch.where(v != v, fmt.nan_code, codes.to(torch.int32)).to(torch.uint8)
-        return [codes.reshape(x.shape), _pow2(s)]
+        # sign: one select makes every NaN the positive NaN code.
+        scaled = torch.where(v != v, float("nan"), v * _pow2(-s)[:, None])
+        return [scaled.reshape(x.shape).to(fmt.torch_dtype).view(torch.uint8), _pow2(s)]
     code = _aten_encode(torch.where(ok, v, 0.0) * _pow2(-s)[:, None], fmt)
     special = torch.where(
         v != v, float(fmt.nan_code), torch.where(v > 0, float(fmt.pos_inf_code), float(fmt.neg_inf_code))
