@@ -26,17 +26,23 @@ The rules (`Realization`):
   output; anything else (matmuls, attention, reductions, norms, random
   ops, collectives, custom ops, scatters, an indexing load's own output) produces a buffer,
   and a pointwise value read by such an op, directly or through a view, must
-  be materialised too. Views never allocate. A value fused into the one op
+  be materialised too, except for a fallback that copies it
+  (``native_dropout`` under ``fallback_random``: `copies_its_input`), while
+  its other readers still inline it. Views never allocate. A value fused into the one op
   that reads it reads its own inputs where that op's kernel runs
   (`memory_sim`). Inductor's lowering also writes a fusible value with
   several readers whose inlined computation reads more than a few buffers
-  or (CPU) holds an exponential, and keeps that buffer where a reader runs
-  past a matmul or another op that cannot share the kernel
-  (`realised_by_lowering`). This is a static approximation of Inductor's
+  or (CPU) holds an exponential, and keeps that buffer where a reader (or
+  a kernel a reader is inlined into) runs past a matmul or another op that
+  cannot share the kernel (`realised_by_lowering`). This is a static approximation of Inductor's
   scheduler; two Inductor
   behaviours it cannot follow, buffer reuse and fusing the backward's
   recomputations with far kernels, are turned off for adacc's graphs
-  (`compat.inductor_compile`, `mark_placed`).
+  (`compat.inductor_compile`, `mark_placed`). A third is left on because it
+  only lowers the real peak: Inductor's ``reorder_for_peak_memory`` runs a
+  kernel earlier where that frees its input (a GPT attention's copy of V
+  runs with those of Q and K when the QKV projection is not saved, 2 MiB
+  below the model at d_model 256, measured), so the model may over-predict.
 
 Costs (seconds, on a `DeviceProfile`): keeping a value costs writing it in
 the forward (unless it is materialised there anyway) and reading it back in
