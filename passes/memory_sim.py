@@ -245,7 +245,7 @@ def _eager_dropout_workspace(node: fx.Node) -> int:
     op. On a 2-layer GPT (d_model 256) the measured step peak was inside
     the attention dropout, this temporary (4 MiB) one of what the
     simulation missed there (profiler allocator trace, 2026-12-05; the
-    rest is the softmax kernel's buffers, bench/RESULTS.md). CUDA's fused
+    rest was the dropout's copy of its input, `_input_copies`). CUDA's fused
     dropout kernel has no such temporary."""
     x = _tensor_val(node.args[0]) if node.args else None
     train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)

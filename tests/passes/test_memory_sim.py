@@ -237,21 +237,30 @@ def _sum_read_on_both_sides_of_a_matmul(a, w, w2):
     return (s * 3 + p,)
 
 
-def test_a_fused_value_read_by_several_kernels_keeps_its_inputs_until_the_last():
+def _simulated_and_measured_under_inductor(fn, inputs, patches: dict) -> tuple[int, int]:
+    """The simulated (Inductor rules) and the allocator-measured peak of
+    forward-only ``fn`` compiled by Inductor with ``patches``."""
     import torch._inductor.config as inductor_config
 
     from adacc_compile.measure import measure_peak_bytes
     from adacc_compile.passes.fusion import Realization
 
-    inputs = [torch.randn(256, 256) for _ in range(3)]
-    fw = make_fx(_sum_read_on_both_sides_of_a_matmul, tracing_mode="fake")(*inputs)
+    fw = make_fx(fn, tracing_mode="fake")(*inputs)
     bw = make_fx(lambda: ())()
     simulated = simulate_step(fw, bw, num_fwd_outputs=1, mode=Realization.INDUCTOR).peak_bytes
     torch._dynamo.reset()
-    with inductor_config.patch({"allow_buffer_reuse": False, "inplace_buffers": False, "fx_graph_cache": False}):
-        compiled = torch.compile(_sum_read_on_both_sides_of_a_matmul, backend="inductor")
+    with inductor_config.patch({"allow_buffer_reuse": False, "fx_graph_cache": False, **patches}):
+        compiled = torch.compile(fn, backend="inductor")
         compiled(*inputs)
         measured = measure_peak_bytes(lambda: compiled(*inputs))
+    return simulated, measured
+
+
+def test_a_fused_value_read_by_several_kernels_keeps_its_inputs_until_the_last():
+    inputs = [torch.randn(256, 256) for _ in range(3)]
+    simulated, measured = _simulated_and_measured_under_inductor(
+        _sum_read_on_both_sides_of_a_matmul, inputs, {"inplace_buffers": False}
+    )
     buffer = 256 * 256 * 4
     assert measured == 3 * buffer  # m, p and the result at the last kernel
     assert simulated == measured
@@ -375,20 +384,10 @@ def test_a_fallback_dropout_gets_a_copy_of_a_fused_input_and_its_other_reader_re
     and recomputes them in the product after it, from the exponentials,
     which stay written until then: the simulated peak is the allocator's
     (without the copy rule the simulation was an input size short)."""
-    import torch._inductor.config as inductor_config
-
-    from adacc_compile.measure import measure_peak_bytes
-    from adacc_compile.passes.fusion import Realization
-
     inputs = [torch.randn(64, 1024), torch.randn(1024, 64)]
-    fw = make_fx(_softmax_then_fallback_dropout, tracing_mode="fake")(*inputs)
-    bw = make_fx(lambda: ())()
-    simulated = simulate_step(fw, bw, num_fwd_outputs=1, mode=Realization.INDUCTOR).peak_bytes
-    torch._dynamo.reset()
-    with inductor_config.patch({"allow_buffer_reuse": False, "fallback_random": True, "fx_graph_cache": False}):
-        compiled = torch.compile(_softmax_then_fallback_dropout, backend="inductor")
-        compiled(*inputs)
-        measured = measure_peak_bytes(lambda: compiled(*inputs))
+    simulated, measured = _simulated_and_measured_under_inductor(
+        _softmax_then_fallback_dropout, inputs, {"fallback_random": True}
+    )
     nbytes = inputs[0].numel() * 4
     # the exponentials, the dropout's copy, output and float mask, and the bool mask
     assert measured >= 4 * nbytes + inputs[0].numel()
