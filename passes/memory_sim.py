@@ -21,6 +21,11 @@ With ``mode=Realization.INDUCTOR`` a pointwise value fused into all its
 consumers allocates nothing (`fusion`), as in Inductor's generated code,
 unless Inductor's lowering writes it anyway (several readers, many inlined
 reads or an exponential, a reader past a matmul: `fusion.realised_by_lowering`).
+On CPU, Inductor's C++ backend also runs the generated kernels between two
+external calls (matmuls, attention, fallbacks) as one function: every
+output of that group is allocated before it runs, and what the group was
+the last to read is freed when it returns (`fusion.kernel_group_ends`), so
+the simulator frees there too.
 
 A multi-output node's storages are kept by output position, ``None``
 outputs included (``convolution_backward`` returns ``(None, grad_w,
@@ -52,7 +57,7 @@ from adacc_compile.compat import concrete_int
 from adacc_compile.kernels import Codec, available_codecs, get_codec
 
 from .compress_rewrite import DECOMPRESSED
-from .fusion import Realization, absorbs_producer, copies_its_input, is_pointwise, materialised
+from .fusion import Realization, absorbs_producer, copies_its_input, is_pointwise, kernel_group_ends, materialised
 from .op_class import is_view_op, op_name
 
 
@@ -300,6 +305,9 @@ def _run_graph(
     released: dict[int, list[fx.Node]] = {}
     for arg, index in last_use.items():
         released.setdefault(index, []).append(arg)
+    # Under Inductor on CPU a kernel group frees what it read when it returns.
+    freed_at = kernel_group_ends(nodes) if mode is Realization.INDUCTOR else {}
+    freed: dict[int, list[fx.Node]] = {}
     storages: dict[fx.Node, list[_Storage]] = {}
     preset = preset or {}
     for index, node in enumerate(nodes):
@@ -310,7 +318,10 @@ def _run_graph(
         elif node.op == "call_function":
             if is_view_op(node) or materialised(node, node.users, mode, memo):
                 storages[node] = _outputs_of(node, storages, is_activation(node))
-                donor = _inplace_donor(node, storages, released.get(index, ()), keep, mode, memo)
+                # A value that died earlier in this kernel group is still allocated:
+                # a later kernel of the group that reads it may write into it.
+                dying = [*freed.get(freed_at.get(index, index), ()), *released.get(index, ())]
+                donor = _inplace_donor(node, storages, dying, keep, mode, memo)
                 if donor is not None:  # Inductor writes the output into a dying input
                     state.retag(donor, is_activation(node))
                     storages[node] = [donor]
@@ -329,11 +340,13 @@ def _run_graph(
         state.live += workspace  # scratch of a codec op, a fallback's input copies: live while it runs
         state.record(phase, node.name)
         state.live -= workspace
-        # Free what this node's kernel was the last to read (and dead outputs).
+        # Free what this node's kernel was the last to read (and dead outputs),
+        # where its kernel group returns.
         dying = list(released.get(index, ()))
         if node not in last_use and node.op == "call_function":
             dying.append(node)
-        for dead in dying:
+        freed.setdefault(freed_at.get(index, index), []).extend(dying)
+        for dead in freed.pop(index, ()):
             if dead in keep:
                 continue
             for storage in _real(storages.get(dead, ())):
@@ -363,7 +376,9 @@ def _inplace_donor(
     and on under adacc): ``node`` is a pointwise kernel with one output, and
     a storage of the same size and dtype that it reads element for element
     (directly or through order-keeping views and fused producers) dies
-    with this kernel. Backward inputs count when the forward computed them
+    with this kernel, or died earlier in its CPU kernel group (still
+    allocated until the group returns: a loss's exponentials are written
+    into the logits they are computed from). Backward inputs count when the forward computed them
     (AOTAutograd donates those saved values). On an H200 the cross-entropy
     backward writes the logits' gradient into the logits (250 MiB for a
     32000-word vocabulary and 4096 tokens), which the simulator counted as

@@ -112,7 +112,9 @@ def test_the_option_lowers_a_gpts_compress_only_minimum_without_more_gradient_er
             warnings.simplefilter("ignore")  # the budget is below the minimum: clamped, with a warning
             _, actual = loss_and_grads(model, compiled, *batch)
         summary = states[0].report["summary"]
-        assert summary["predicted_activation_peak_bytes"] <= summary["modelled_activation_peak_bytes"]
+        # within the plan search's 3% fit: the simulator also follows CPU
+        # kernel groups (`fusion.kernel_group_ends`), the linear model does not
+        assert summary["predicted_activation_peak_bytes"] <= 1.03 * summary["modelled_activation_peak_bytes"]
         minimum[early] = summary["minimum_activation_peak_bytes"]
         error[early] = max(float((actual[k] - expected[k]).norm() / expected[k].norm()) for k in expected)
     assert minimum[True] < 0.7 * minimum[False], minimum

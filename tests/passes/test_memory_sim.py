@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from adacc_compile import compat
 from adacc_compile.passes.memory_sim import simulate_step
 
 
@@ -392,3 +393,81 @@ def test_a_fallback_dropout_gets_a_copy_of_a_fused_input_and_its_other_reader_re
     # the exponentials, the dropout's copy, output and float mask, and the bool mask
     assert measured >= 4 * nbytes + inputs[0].numel()
     assert simulated == measured
+
+
+_REALIZE = compat.realize_op()
+
+
+def _two_values_written_and_compressed_in_one_kernel_group(x, w, w2):
+    # As two codecs' compress chains between two matmuls: each value is
+    # written (`compat.realize_op`), reduced to a row scale and coded.
+    realize, convert = _REALIZE, torch.ops.prims.convert_element_type.default
+    m = x @ w
+    a = realize(torch.sin(m), [m.shape[1], 1])
+    q = convert(a / a.abs().amax(1, keepdim=True) * 127, torch.int8)
+    b = realize(torch.cos(m), [m.shape[1], 1])
+    r = convert(b / b.abs().amax(1, keepdim=True) * 127, torch.int8)
+    y = (convert(q, torch.float32) - convert(r, torch.float32)) @ w2
+    return (y.sum(), q, r, m)
+
+
+def test_a_cpu_kernel_group_frees_what_it_read_when_it_returns(monkeypatch):
+    """Inductor's C++ backend runs the kernels between two matmuls as one
+    function: both written values are allocated before it runs and freed
+    after, so they are alive together (graph order would free the first
+    before writing the second): the simulated peak is the allocator's."""
+    import adacc_compile.passes.memory_sim as memory_sim
+
+    inputs = [torch.randn(256, 256), torch.randn(256, 1024), torch.randn(1024, 64)]
+    simulated, measured = _simulated_and_measured_under_inductor(
+        _two_values_written_and_compressed_in_one_kernel_group, inputs, {}
+    )
+    value = 256 * 1024 * 4
+    assert measured >= 4 * value  # m, a, b and the difference the last matmul reads
+    assert simulated == measured
+    monkeypatch.setattr(memory_sim, "kernel_group_ends", lambda nodes: {})
+    ungrouped, _ = _simulated_and_measured_under_inductor(
+        _two_values_written_and_compressed_in_one_kernel_group, inputs, {}
+    )
+    assert ungrouped < measured - value // 2
+
+
+def _decoded_then_outliers_scattered_in(codes, scale, idx, outliers, w):
+    # As an outlier codec's decompress: decode, then scatter the outlier
+    # channels into the decoded values, then a matmul reads the result.
+    decoded = torch.where(codes == 127, torch.inf, codes * scale)
+    restored = torch.ops.aten.index_put.default(decoded, [None, idx], outliers)
+    return ((restored @ w).sum(),)
+
+
+def test_a_value_scattered_into_is_computed_in_the_scatters_copy():
+    """Inductor lowers a functional scatter as a copy of its first input
+    and a scatter into it; the copy's kernel computes a pointwise first
+    input itself, so only the scattered result is written."""
+    from adacc_compile.passes.fusion import Realization, materialised
+
+    inputs = [
+        torch.randint(-127, 128, (1024, 256)).float(), torch.rand(1024, 1), torch.tensor([3, 70]),
+        torch.randn(1024, 2), torch.randn(256, 64),
+    ]
+    gm = make_fx(_decoded_then_outliers_scattered_in, tracing_mode="fake")(*inputs)
+    decoded = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.where.self)
+    assert not materialised(decoded, decoded.users, Realization.INDUCTOR)
+    simulated, measured = _simulated_and_measured_under_inductor(_decoded_then_outliers_scattered_in, inputs, {})
+    assert simulated == measured
+
+
+def test_a_bitcast_to_another_width_is_a_fallback_call_that_ends_a_kernel_group():
+    from adacc_compile.passes.fusion import kernel_group_ends, runs_as_extern_kernel
+
+    def f(payload, x):
+        header = payload.view(torch.int32)  # 4 bytes read as one int32: a fallback call
+        y = x * 2
+        return (y + header.float().sum(), y.view(torch.int32))  # same width: a view
+
+    gm = make_fx(f, tracing_mode="fake")(torch.zeros(64, dtype=torch.int8), torch.randn(16))
+    nodes = list(gm.graph.nodes)
+    bitcasts = [n for n in nodes if n.target == torch.ops.aten.view.dtype]
+    assert [runs_as_extern_kernel(n) for n in bitcasts] == [True, False]
+    ends = kernel_group_ends(nodes)
+    assert ends[nodes.index(bitcasts[0])] == nodes.index(bitcasts[0])
