@@ -40,15 +40,18 @@ def prepare(state: PartitionState) -> None:
 
 
 def classify(state: PartitionState) -> None:
-    """Which nodes are forward and backward; with ``place_backward_only_early``
-    the values only the backward reads then move to right after their
-    inputs (`early_placement`)."""
+    """Which nodes are forward and backward; the views only the backward
+    reads (``place_backward_only_views_early``), or with
+    ``place_backward_only_early`` all such values, then move to where the
+    forward is done with their inputs (`early_placement`)."""
     state.info = compat.classify_joint_graph(
         state.joint, state.static_lifetime_input_indices, state.num_fwd_outputs
     )
-    if state.config.place_backward_only_early:
-        moved = place_backward_only_values_early(state.joint, state.info)
-        log.debug("adacc: %d backward-only values placed right after their inputs", moved)
+    config = state.config
+    if config.place_backward_only_early or config.place_backward_only_views_early:
+        views_only = not config.place_backward_only_early
+        moved = place_backward_only_values_early(state.joint, state.info, views_only=views_only)
+        log.debug("adacc: %d backward-only %s placed early", moved, "views" if views_only else "values")
 
 
 def annotate_stage(state: PartitionState) -> None:
