@@ -187,11 +187,13 @@ def _bitcast_to_another_width(node: fx.Node) -> bool:
     (``to_dtype_bitcast``), which ends a C++ kernel group."""
     if node.target is not torch.ops.aten.view.dtype:
         return False
-    source, result = (_tensor(n) for n in (node.args[0], node))
+    source, result = (tensor_value(n) for n in (node.args[0], node))
     return source is not None and result is not None and source.dtype.itemsize != result.dtype.itemsize
 
 
-def _tensor(node: object) -> torch.Tensor | None:
+def tensor_value(node: object) -> torch.Tensor | None:
+    """The tensor a node's fake value holds, if it is one (None for other
+    arguments and non-tensor values)."""
     value = node.meta.get("val") if isinstance(node, fx.Node) else None
     return value if isinstance(value, torch.Tensor) else None
 

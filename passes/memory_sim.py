@@ -57,7 +57,9 @@ from adacc_compile.compat import concrete_int
 from adacc_compile.kernels import Codec, available_codecs, get_codec
 
 from .compress_rewrite import DECOMPRESSED
-from .fusion import Realization, absorbs_producer, copies_its_input, is_pointwise, kernel_group_ends, materialised
+from .fusion import (
+    Realization, absorbs_producer, copies_its_input, is_pointwise, kernel_group_ends, materialised, tensor_value,
+)
 from .op_class import is_view_op, op_name
 
 
@@ -252,16 +254,11 @@ def _eager_dropout_workspace(node: fx.Node) -> int:
     simulation missed there (profiler allocator trace, 2026-12-05; the
     rest was the dropout's copy of its input, `_input_copies`). CUDA's fused
     dropout kernel has no such temporary."""
-    x = _tensor_val(node.args[0]) if node.args else None
+    x = tensor_value(node.args[0]) if node.args else None
     train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
     if x is None or x.device.type != "cpu" or train is False:
         return 0
     return _nbytes(x)
-
-
-def _tensor_val(node: Any) -> torch.Tensor | None:
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
 
 
 def _shape(value: torch.Tensor) -> tuple[int, ...]:
@@ -269,15 +266,15 @@ def _shape(value: torch.Tensor) -> tuple[int, ...]:
 
 
 def _compress_workspace(codec: Codec, node: fx.Node) -> int:
-    x = _tensor_val(node.args[0]) if node.args else None
+    x = tensor_value(node.args[0]) if node.args else None
     if x is None:
         return 0
     return codec.compress_workspace_nbytes(_shape(x), x.dtype, x.device.type)
 
 
 def _decompress_workspace(codec: Codec, node: fx.Node) -> int:
-    out = _tensor_val(node)
-    payload = [t for t in map(_tensor_val, node.all_input_nodes) if t is not None]
+    out = tensor_value(node)
+    payload = [t for t in map(tensor_value, node.all_input_nodes) if t is not None]
     if out is None or not payload:
         return 0
     return codec.decompress_workspace_nbytes(_shape(out), out.dtype, payload[0].device.type)
