@@ -175,19 +175,19 @@ class AdaccConfig:
     15.5 MiB above its measured step peak, exact with this). False keeps
     the joint graph's order (for A/B runs)."""
 
-    place_backward_only_early: bool = False
-    """Experimental: a value only the backward reads (a norm's normalised
-    input), when the plan saves or compresses it, runs in the forward where
-    the forward is done with its inputs instead of at the forward's end,
-    where it holds them alive (`passes.early_placement`). Off by default:
-    on a Llama's compress-only plan the measured step peak then sits
-    3.2 MiB above the prediction (d_model 256, @0.4: Inductor fuses the
-    SwiGLU backward factors' writes with the product after the up
-    projection, so they run after that matmul, beside its output; the
-    model keeps them where the graph puts them), and aggressive plans also
-    compress backward-only factors (a GELU's derivative), whose gradient
-    error exceeds twice the codec's declared bound on a small MLP. (A GPT's
-    compress-only plan is predicted exactly with it, and lower.)"""
+    place_backward_only_early: bool = True
+    """Under Inductor, a value only the backward reads that the forward
+    computes (a norm's normalised input, a SwiGLU's backward factors) goes
+    to the forward kernel Inductor fuses it into: the first one, after its
+    inputs exist, that reads one of them (`passes.early_placement`). The
+    joint graph puts it at the forward's end, where it held its inputs
+    alive in the model while Inductor computed it early: a 3-layer GPT
+    d256 mixed plan @0.4 measured 40.56 MiB for a predicted 38.55 (over
+    the budget); with this, 37.24 for 39.24, and a GPT compress-only plan
+    @0.4 26.60 MiB instead of 32.66 (bench/RESULTS.md). The eager
+    realisation fuses nothing and keeps them in joint order (views still
+    move, ``place_backward_only_views_early``). False keeps them in joint
+    order under Inductor too (for A/B runs)."""
 
     inductor_buffer_reuse: bool = False
     """Let Inductor's generated code hand a freed buffer to a later

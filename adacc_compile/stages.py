@@ -41,16 +41,17 @@ def prepare(state: PartitionState) -> None:
 
 def classify(state: PartitionState) -> None:
     """Which nodes are forward and backward; the views only the backward
-    reads (``place_backward_only_views_early``), or with
-    ``place_backward_only_early`` all such values, then move to where the
-    forward is done with their inputs (`early_placement`)."""
+    reads (``place_backward_only_views_early``) then move to where the
+    forward is done with their bases, and under Inductor
+    (``place_backward_only_early``) the computed ones to the kernel
+    Inductor fuses them into (`early_placement`)."""
     state.info = compat.classify_joint_graph(
         state.joint, state.static_lifetime_input_indices, state.num_fwd_outputs
     )
     config = state.config
     if config.place_backward_only_early or config.place_backward_only_views_early:
-        views_only = not config.place_backward_only_early
-        moved = place_backward_only_values_early(state.joint, state.info, views_only=views_only)
+        views_only = not (config.place_backward_only_early and state.mode is Realization.INDUCTOR)
+        moved = place_backward_only_values_early(state.joint, state.info, views_only=views_only, mode=state.mode)
         log.debug("adacc: %d backward-only %s placed early", moved, "views" if views_only else "values")
 
 
@@ -63,7 +64,7 @@ def annotate_stage(state: PartitionState) -> None:
 def candidates_stage(state: PartitionState) -> None:
     assert state.info is not None and state.profile is not None
     codecs = allowed_codecs(state.config.accuracy, state.config.codecs)
-    options = make_compress_options(codecs, state.profile, state.info.backward_nodes)
+    options = make_compress_options(codecs, state.profile, state.info.backward_nodes, state.info.forward_needed)
     state.candidates = find_candidates(
         state.joint, state.info, options, allow_recompute=state.config.allow_recompute,
         profile=state.profile, mode=state.mode, num_fwd_outputs=state.num_fwd_outputs,

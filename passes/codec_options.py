@@ -64,6 +64,7 @@ from .codec_form import GraphForm, codec_key
 from .codec_timing import is_aligned, measure_seconds_per_element
 from .compress_rewrite import physical_order
 from .device_profile import BUILTIN_PROFILES, DeviceProfile
+from .op_class import is_view_op
 from .plan_problem import CompressOption
 
 ACCURACY_ERROR_CAP = {"lossless": 0.0, "balanced": 0.02, "aggressive": 0.2}
@@ -82,9 +83,21 @@ def allowed_codecs(accuracy: str, names: tuple[str, ...] | None) -> list[Codec]:
 
 
 def make_compress_options(
-    codecs: list[Codec], profile: DeviceProfile, backward_nodes: frozenset[fx.Node]
+    codecs: list[Codec],
+    profile: DeviceProfile,
+    backward_nodes: frozenset[fx.Node],
+    forward_needed: frozenset[fx.Node] | None = None,
 ) -> Callable[[fx.Node], tuple[CompressOption, ...]]:
-    """A callback for `find_candidates`: the legal codec options of a node."""
+    """A callback for `find_candidates`: the legal codec options of a node.
+
+    With ``forward_needed`` (the nodes the forward outputs need), a value
+    the forward computes for the backward alone (a GELU's derivative, a
+    loss's probability gradient) is offered lossless codecs only. Why: the
+    backward multiplies a gradient by it and sums the products, and a
+    codec's error on such a factor does not bound the sum's: on a small
+    MLP whose plan compressed the loss's factor with fp8 (declared 0.06),
+    the head's bias gradient came out wrong by 100%. Compressing the
+    activation it is computed from keeps the codec's bound."""
 
     def options(node: fx.Node) -> tuple[CompressOption, ...]:
         val = node.meta.get("val")
@@ -104,8 +117,11 @@ def make_compress_options(
             consumer_classes=tuple(annotation(u).op_class.value for u in readers),
             consumer_targets=tuple(str(u.target) for u in readers),
         )
+        derived = forward_needed is not None and node not in forward_needed and not is_view_op(node)
         out = []
         for codec in codecs:
+            if derived and not codec.lossless:
+                continue
             try:
                 if not codec.applies(query):
                     continue
