@@ -106,7 +106,9 @@ def place_backward_only_values_early(
 ) -> int:
     """Moves every movable node to right after the last node the forward
     outputs need that reads one of its inputs (or the last barrier before
-    it, whichever is later), never later than it was; a node with no inputs
+    it, whichever is later), or under ``mode`` INDUCTOR a computed value
+    to the kernel Inductor fuses it into (`place`, module docstring),
+    never later than it was; a node with no inputs
     (a constant fill) goes with its earliest movable user. With
     ``views_only`` only views move (see the module docstring).
     Returns how many nodes moved. Deterministic: the same graph gives the
