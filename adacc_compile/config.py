@@ -183,8 +183,8 @@ class AdaccConfig:
     joint graph puts it at the forward's end, where it held its inputs
     alive in the model while Inductor computed it early: a 3-layer GPT
     d256 mixed plan @0.4 measured 40.56 MiB for a predicted 38.55 (over
-    the budget); with this, 37.24 for 39.24, and a GPT compress-only plan
-    @0.4 26.60 MiB instead of 32.66 (bench/RESULTS.md). The eager
+    the budget); with this, 37.82 for 39.56 (bench/RESULTS.md). Such
+    values get lossless codecs only (`passes.codec_options`). The eager
     realisation fuses nothing and keeps them in joint order (views still
     move, ``place_backward_only_views_early``). False keeps them in joint
     order under Inductor too (for A/B runs)."""
