@@ -76,9 +76,11 @@ def test_generated_code_has_no_extern_codec_call(name):
     options = {"memory_budget": 0.3, "accuracy": "aggressive", "allow_recompute": False, "device_profile": "h100"}
     actual, codes, partitioner = _compile_and_capture(model, batch, options)
     used = _codecs_used(partitioner)
-    # GPT: dropout masks and at least two other codecs (this plan saves no
-    # softmax output, so softmax_u8 is not among them).
-    assert used and (name == "mlp" or ("bitmask" in used and len(used) >= 3)), used
+    # GPT: dropout masks and at least one other codec (this plan saves no
+    # softmax output, so softmax_u8 is not among them; the normalised
+    # LayerNorm inputs, computed for the backward alone, get lossless
+    # codecs only, so fp8 is not either).
+    assert used and (name == "mlp" or ("bitmask" in used and len(used) >= 2)), used
     assert len(codes) == 2, "a forward and a backward"
     calls = {call for code in codes for call in CODEC_OP_CALL.findall(code)}
     assert not calls, calls

@@ -82,7 +82,8 @@ def test_a_large_vocabulary_step_is_predicted():
 def test_a_compress_only_plan_with_backward_only_views_is_predicted(views_early):
     """A GPT's compress-only plan compresses views only the backward reads
     (the attention probabilities' and the weights' transposes). Taken
-    where the forward is done with their bases (the default), they are
+    where the forward is done with their bases (the default, with the
+    computed backward-only values placed where Inductor computes them), they are
     compressed there and the step is predicted to within 1%; left at the
     forward's end, the model keeps all their compress chains in the
     forward's last kernel group, where Inductor's peak-memory reorder does
@@ -95,6 +96,8 @@ def test_a_compress_only_plan_with_backward_only_views_is_predicted(views_early)
     options = {
         "memory_budget": 0.4, "accuracy": "aggressive", "allow_recompute": False, "device_profile": "h100",
         "place_backward_only_views_early": views_early,
+        # computed values moved early move views too: off in the joint-order case
+        "place_backward_only_early": views_early,
     }
     compiled, partitioner = compile_with_reports(model, "adacc", options)
     with inductor_config.patch(fallback_random=True), warnings.catch_warnings():
