@@ -49,8 +49,9 @@ def classify(state: PartitionState) -> None:
         state.joint, state.static_lifetime_input_indices, state.num_fwd_outputs
     )
     config = state.config
-    if config.place_backward_only_early or config.place_backward_only_views_early:
-        views_only = not (config.place_backward_only_early and state.mode is Realization.INDUCTOR)
+    all_values = config.place_backward_only_early and state.mode is Realization.INDUCTOR
+    if all_values or config.place_backward_only_views_early:
+        views_only = not all_values
         moved = place_backward_only_values_early(state.joint, state.info, views_only=views_only, mode=state.mode)
         log.debug("adacc: %d backward-only %s placed early", moved, "views" if views_only else "values")
 
