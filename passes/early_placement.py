@@ -46,8 +46,9 @@ first version), the norm's value sat after the residual add past the
 attention, and the SwiGLU factors before the up projection, where the SiLU
 node stands though Inductor computes it in the product: a Llama
 compress-only plan @0.4 measured 28.09 MiB for a predicted 24.90; now
-24.97 for 24.98. The eager realisation fuses nothing: there the computed
-values keep the joint graph's order.
+24.97 for 24.98 (25.96 for 25.97 since such values get lossless codecs
+only, `codec_options`). The eager realisation fuses nothing: there the
+computed values keep the joint graph's order.
 """
 
 from __future__ import annotations
