@@ -207,3 +207,32 @@ def test_under_inductor_a_backward_only_value_goes_to_the_kernel_that_reads_its_
     gm, info = _swiglu_joint()
     assert place_backward_only_values_early(gm, info, mode=Realization.EAGER) == 1
     assert _order(gm) == ["mm", "silu", "sigmoid", "mm_1", "mul", "mm_2", "sum_1", "mul_1", "mul_2"]
+
+
+def test_in_eager_computed_values_keep_joint_order_and_views_move_only_when_asked():
+    """The eager realisation fuses nothing, so `stages.classify` moves the
+    computed backward-only values under Inductor only: in eager, with the
+    views' placement off, the default-on ``place_backward_only_early``
+    leaves the joint graph as it is; with the views' placement on, only
+    views move. Under Inductor the computed values move too (which shows
+    this tiny GPT has some to move)."""
+    from adacc_compile.passes.fusion import Realization
+    from adacc_compile.passes.op_class import is_view_op
+    from adacc_test_utils import build, compile_capturing
+
+    def joint_order(mode: Realization, **option) -> tuple[list[str], list[str]]:
+        torch._dynamo.reset()
+        model, batch = build("gpt")
+        options = {"memory_budget": 0.5, "device_profile": "h100", "codecs": (), **option}
+        compiled, states = compile_capturing(model, options, eager=True, mode=mode)
+        compiled(*batch).backward()
+        nodes = [n for n in states[0].joint.graph.nodes if n.op == "call_function"]
+        return [n.name for n in nodes], [n.name for n in nodes if not is_view_op(n)]
+
+    off = {"place_backward_only_views_early": False, "place_backward_only_early": False}
+    joint, joint_computed = joint_order(Realization.EAGER, **off)
+    assert joint_order(Realization.EAGER, place_backward_only_views_early=False) == (joint, joint_computed)
+    views_moved, computed = joint_order(Realization.EAGER)
+    assert views_moved != joint and computed == joint_computed
+    _, inductor_computed = joint_order(Realization.INDUCTOR, place_backward_only_views_early=False)
+    assert inductor_computed != joint_computed
