@@ -30,6 +30,7 @@ from adacc_compile.kernels import get_codec
 from adacc_compile.passes.calibrate import Calibration, row_sample, run_forward
 from adacc_compile.passes.drift import ValueObservation, ValueReference
 from adacc_compile.passes.plan_problem import Decision, PlanSolution
+from adacc_compile.passes.storage_order import in_storage_order
 from adacc_compile.state import PartitionState
 
 
@@ -105,7 +106,7 @@ class ActivationMonitor:
                 return
             ref = self.references[node.name]
             codec, parameters = get_codec(ref.codec), self.parameters.get(node.name)
-            sample = row_sample(value)
+            sample = row_sample(in_storage_order(value))  # as compressed (`storage_order`)
             stats = codec.calibrate([sample]) if parameters is None else codec.calibrate([sample], parameters)
             out.append(ValueObservation(
                 value=node.name, codec=ref.codec, error=stats.relative_error,

@@ -55,6 +55,7 @@ from adacc_compile.kernels import CodecStats, get_codec
 from .annotate import META_KEY
 from .candidates import CandidateSet
 from .op_class import OpClass
+from .storage_order import in_storage_order
 
 log = logging.getLogger(__name__)
 
@@ -220,9 +221,11 @@ def row_sample(x: torch.Tensor, max_elements: int = SAMPLE_ELEMENTS) -> torch.Te
 def _measure(value: str, codec_name: str, x: torch.Tensor) -> OptionCalibration:
     """One option on one real value. A codec that takes parameters has them
     measured on the whole value and its error measured with them, as the
-    compiled graph will run it."""
+    compiled graph will run it, on the value in storage order (as the
+    compiled graph compresses it, `storage_order`)."""
     codec = get_codec(codec_name)
     parameters = None
+    x = in_storage_order(x)
     try:
         parameters = codec.calibration_parameters(x)
         if parameters is None:

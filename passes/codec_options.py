@@ -55,17 +55,17 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from adacc_compile.kernels import ApplyQuery, Codec, DecompressKind, available_codecs, get_codec
+from adacc_compile.kernels import ApplyQuery, Codec, available_codecs, get_codec
 from adacc_compile.kernels.oplib import triton_available
 
 from . import profile_cache
 from .annotate import annotation
 from .codec_form import GraphForm, codec_key
 from .codec_timing import is_aligned, measure_seconds_per_element
-from .compress_rewrite import physical_order
 from .device_profile import BUILTIN_PROFILES, DeviceProfile
 from .op_class import is_view_op
 from .plan_problem import CompressOption
+from .storage_order import physical_order, storage_shape
 
 ACCURACY_ERROR_CAP = {"lossless": 0.0, "balanced": 0.02, "aggressive": 0.2}
 
@@ -105,12 +105,11 @@ def make_compress_options(
             return ()
         if physical_order(val) is None:
             return ()  # expanded / overlapping: its layout could not be restored
-        # A value saved in a non-contiguous (permuted) layout is copied back
-        # into that layout after decompression: one more read and write.
-        restride = 0.0 if val.is_contiguous() else 2 * annotation(node).storage_bytes / profile.memory_bytes_per_s
+        # A permuted value is compressed in storage order and permuted back
+        # (`storage_order`): the codec sees, and costs, that shape.
         readers = [u for u in node.users if u in backward_nodes]
         query = ApplyQuery(
-            shape=tuple(int(s) for s in val.shape),
+            shape=storage_shape(val),
             dtype=val.dtype,
             producer_class=annotation(node).op_class.value,
             producer_target=str(node.target),
@@ -137,7 +136,7 @@ def make_compress_options(
                 CompressOption(
                     codec=codec.name,
                     nbytes=nbytes,
-                    seconds=seconds + (restride if codec.decompress_kind is DecompressKind.VALUE else 0.0),
+                    seconds=seconds,
                     error=codec.error_bound,
                     feeds_recompute=codec.feeds_recompute,
                 )

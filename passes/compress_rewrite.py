@@ -29,7 +29,11 @@ For a compressed value ``v`` (codec ``c``):
   calibration it measures them itself;
 * few-bit activation codecs decompress to the activation's derivative, so
   each ``gelu_backward(grad, v)`` / ``silu_backward(grad, v)`` becomes
-  ``grad * v_hat``.
+  ``grad * v_hat``;
+* a value saved in a permuted layout is compressed in storage order (a
+  ``permute`` view, named ``v_storage_order``) and its decompressed form
+  permuted back (``v_c_layout``), which gives the original layout without
+  a copy (`storage_order`).
 
 Compress and decompress take one of two forms (`codec_form.graph_form`):
 by default the codec's torch reference traced into aten ops
@@ -67,6 +71,7 @@ from adacc_compile.kernels.aten_graphs import codec_graphs, graph_outputs
 from .codec_form import GraphForm, graph_form
 from .device_profile import DeviceProfile
 from .plan_problem import Decision, PlanSolution
+from .storage_order import inverse, storage_permutation
 
 _ACTIVATION_BACKWARD = ("gelu_backward", "silu_backward")
 
@@ -120,12 +125,12 @@ def apply_compression(
         fake = value.meta["val"]
         form = graph_form(codec, fake.dtype, fake.device.type, profile)
         if form is GraphForm.ATEN:
-            read = _written_once(fw.graph, value) if realize else value
+            read = _in_storage_order(fw.graph, _written_once(fw.graph, value) if realize else value)
             measured = (parameters or {}).get((name, codec_name))
             constant = None if measured is None else _parameters_constant(fw, read, measured, codec, value_name=value.name)
             payload = _splice_compress(fw.graph, read, codec, value_name=value.name, parameters=constant)
         else:
-            payload = _insert_compress(fw.graph, value, codec)
+            payload = _insert_compress(fw.graph, _in_storage_order(fw.graph, value), codec)
         index = next(i for i, o in enumerate(outputs) if i >= num_fwd_outputs and o is value)
         outputs[index : index + 1] = payload
         _insert_decompress(bw.graph, bw_inputs[name], payload, codec, form)
@@ -179,6 +184,22 @@ def _written_once(graph: fx.Graph, value: fx.Node) -> fx.Node:
     written.meta["val"] = fake
     value.replace_all_uses_with(written, delete_user_cb=lambda user: user is not written and user.op != "output")
     return written
+
+
+def _in_storage_order(graph: fx.Graph, value: fx.Node) -> fx.Node:
+    """``value`` permuted into memory order right after it (a view the
+    codec reads contiguously, `storage_order`), or ``value`` itself when
+    it is contiguous."""
+    fake = value.meta["val"]
+    order = storage_permutation(fake)
+    if order is None:
+        return value
+    with graph.inserting_after(value):
+        node = graph.create_node(
+            "call_function", torch.ops.aten.permute.default, (value, order), name=f"{value.name}_storage_order"
+        )
+    node.meta["val"] = fake.permute(order)
+    return node
 
 
 def _splice_compress(
@@ -236,6 +257,9 @@ def _decompress_nodes(
     """Inserts the decompress of ``saved`` from its payload ``inputs``
     before ``before``; returns the node holding the decompressed value."""
     fake = saved.meta["val"]
+    order = storage_permutation(fake)
+    if order is not None:
+        fake = fake.permute(order)  # what the compress read (`_in_storage_order`)
     if form is GraphForm.ATEN:
         traced = codec_graphs(codec, fake).decompress
         tag = CodecNode(codec.name, saved.name, "decompress")
@@ -264,9 +288,16 @@ def _insert_decompress(
     before = min(readers, key=_position(graph)) if readers else _first_non_placeholder(graph)
     restored = _decompress_nodes(graph, saved, inputs, before, codec, form)
     restored.meta[DECOMPRESSED] = codec.name
-    if codec.decompress_kind is DecompressKind.VALUE:
-        restored = _restore_layout(graph, restored, fake)
-        restored.meta[DECOMPRESSED] = codec.name
+    order = storage_permutation(fake)
+    if order is not None:  # decompressed in storage order: permuted back, a view
+        with graph.inserting_after(restored):
+            layout = graph.create_node(
+                "call_function", torch.ops.aten.permute.default, (restored, inverse(order)),
+                name=f"{restored.name}_layout",
+            )
+        layout.meta["val"] = restored.meta["val"].permute(inverse(order))
+        layout.meta[DECOMPRESSED] = codec.name
+        restored = layout
     if codec.decompress_kind is DecompressKind.DERIVATIVE:
         for reader in readers:
             _replace_activation_backward(graph, reader, restored)
@@ -277,50 +308,6 @@ def _insert_decompress(
 
 def _first_non_placeholder(graph: fx.Graph) -> fx.Node:
     return next(n for n in graph.nodes if n.op != "placeholder")
-
-
-def physical_order(val: torch.Tensor) -> list[int] | None:
-    """Dims from outermost to innermost in memory, for a dense,
-    non-overlapping tensor (None otherwise); the identity when contiguous."""
-    dims = list(range(val.dim()))
-    order = sorted(dims, key=lambda d: -int(val.stride(d)))
-    expected = 1
-    for d in reversed(order):
-        if val.shape[d] != 1 and int(val.stride(d)) != expected:
-            return None
-        expected *= int(val.shape[d])
-    return order
-
-
-def _restore_layout(graph: fx.Graph, restored: fx.Node, fake: torch.Tensor) -> fx.Node:
-    """Decompression yields a contiguous tensor; a value saved with another
-    dense layout (e.g. attention output before its transpose back) gets that
-    layout back, so that views the backward takes of it stay legal."""
-    if fake.is_contiguous():
-        return restored
-    order = physical_order(fake)
-    if order is None:
-        raise ValueError(f"cannot restore the layout of {restored.name}: not dense (stride {fake.stride()})")
-    inverse = [order.index(d) for d in range(len(order))]
-    aten = torch.ops.aten
-    val = restored.meta["val"]
-    nodes = []
-    anchor = restored
-    steps = ((aten.permute.default, (order,)), (aten.clone.default, ()), (aten.permute.default, (inverse,)))
-    for step, (target, args) in enumerate(steps):
-        kwargs = {"memory_format": torch.contiguous_format} if target is aten.clone.default else {}
-        with graph.inserting_after(anchor):
-            # Named after the decompress: a generated name could collide with
-            # a forward node's, and recomputed nodes are known by their names.
-            node = graph.create_node(
-                "call_function", target, (anchor, *args), kwargs, name=f"{restored.name}_layout_{step}"
-            )
-        val = target(val, *args, **node.kwargs)
-        node.meta["val"] = val
-        node.meta[DECOMPRESSED] = restored.meta[DECOMPRESSED]
-        nodes.append(node)
-        anchor = node
-    return nodes[-1]
 
 
 def _replace_activation_backward(graph: fx.Graph, node: fx.Node, derivative: fx.Node) -> None:

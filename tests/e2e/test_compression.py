@@ -158,7 +158,7 @@ def test_verify_rejects_recompute_from_a_lossy_payload(codec_name, rejected):
         verify_split(fx.GraphModule({}, fw), fx.GraphModule({}, bw), **args)
 
 def test_physical_order_of_dense_layouts():
-    from adacc_compile.passes.compress_rewrite import physical_order
+    from adacc_compile.passes.storage_order import physical_order
 
     x = torch.empty(2, 3, 4, 5)
     assert physical_order(x) == [0, 1, 2, 3]

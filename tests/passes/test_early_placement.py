@@ -140,8 +140,14 @@ def test_placing_backward_only_views_early_lowers_a_gpts_compress_only_minimum_w
             _, actual = loss_and_grads(model, compiled, *batch)
         summary = states[0].report["summary"]
         # within the plan search's 3% fit: the simulator also follows CPU
-        # kernel groups (`fusion.kernel_group_ends`), the linear model does not
-        assert summary["predicted_activation_peak_bytes"] <= 1.03 * summary["modelled_activation_peak_bytes"]
+        # kernel groups (`fusion.kernel_group_ends`), the linear model does
+        # not. In joint order 8%: views compressed at the forward's end hold
+        # their bases until then, which the linear model does not see (what
+        # the early placement is for); the attention probabilities'
+        # transposes, compressed in storage order at no layout cost, are
+        # picked there (6.3% over; 0.8% when they paid a layout copy).
+        fit = 1.08 if placement == "joint order" else 1.03
+        assert summary["predicted_activation_peak_bytes"] <= fit * summary["modelled_activation_peak_bytes"]
         minimum[placement] = summary["minimum_activation_peak_bytes"]
         error[placement] = max(float((actual[k] - expected[k]).norm() / expected[k].norm()) for k in expected)
     assert minimum["views early"] < 0.7 * minimum["joint order"], minimum
