@@ -179,17 +179,6 @@ def test_verify_rejects_recompute_from_a_lossy_payload(codec_name, rejected):
     else:
         verify_split(fx.GraphModule({}, fw), fx.GraphModule({}, bw), **args)
 
-def test_physical_order_of_dense_layouts():
-    from adacc_compile.passes.storage_order import physical_order
-
-    x = torch.empty(2, 3, 4, 5)
-    assert physical_order(x) == [0, 1, 2, 3]
-    assert physical_order(x.transpose(1, 2)) == [0, 2, 1, 3]
-    assert physical_order(x.permute(3, 0, 2, 1)) == [1, 3, 2, 0]
-    assert physical_order(torch.empty(4, 1).expand(4, 6)) is None  # stride 0: not dense
-    assert physical_order(x[:, :, :, ::2]) is None  # strided slice: gaps
-
-
 @pytest.mark.parametrize("backend", ["adacc_eager", pytest.param("adacc", marks=pytest.mark.slow)])  # Inductor: -m slow
 def test_compressed_permuted_value_gets_its_layout_back(backend):
     """Attention output is saved as (b, h, t, d) in (b, t, h, d) memory; the

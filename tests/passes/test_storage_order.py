@@ -6,9 +6,24 @@ from __future__ import annotations
 
 import torch
 
-from adacc_compile.passes.storage_order import in_storage_order, inverse, storage_permutation, storage_shape
+from adacc_compile.passes.storage_order import (
+    in_storage_order,
+    inverse,
+    physical_order,
+    storage_permutation,
+    storage_shape,
+)
 
 aten = torch.ops.aten
+
+
+def test_physical_order_of_dense_layouts():
+    x = torch.empty(2, 3, 4, 5)
+    assert physical_order(x) == [0, 1, 2, 3]
+    assert physical_order(x.transpose(1, 2)) == [0, 2, 1, 3]
+    assert physical_order(x.permute(3, 0, 2, 1)) == [1, 3, 2, 0]
+    assert physical_order(torch.empty(4, 1).expand(4, 6)) is None  # stride 0: not dense
+    assert physical_order(x[:, :, :, ::2]) is None  # strided slice: gaps
 
 
 def test_a_permuted_value_is_viewed_contiguously_and_a_contiguous_or_strided_one_is_left_alone():
