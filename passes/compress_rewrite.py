@@ -252,14 +252,13 @@ def _insert_compress(graph: fx.Graph, value: fx.Node, codec: Codec) -> list[fx.N
 
 
 def _decompress_nodes(
-    graph: fx.Graph, saved: fx.Node, inputs: list[fx.Node], before: fx.Node, codec: Codec, form: GraphForm
+    graph: fx.Graph, saved: fx.Node, fake: torch.Tensor, inputs: list[fx.Node], before: fx.Node, codec: Codec,
+    form: GraphForm,
 ) -> fx.Node:
     """Inserts the decompress of ``saved`` from its payload ``inputs``
-    before ``before``; returns the node holding the decompressed value."""
-    fake = saved.meta["val"]
-    order = storage_permutation(fake)
-    if order is not None:
-        fake = fake.permute(order)  # what the compress read (`_in_storage_order`)
+    before ``before``; ``fake`` is the value the compress read (``saved``
+    in storage order, `_in_storage_order`). Returns the node holding the
+    decompressed value."""
     if form is GraphForm.ATEN:
         traced = codec_graphs(codec, fake).decompress
         tag = CodecNode(codec.name, saved.name, "decompress")
@@ -286,9 +285,10 @@ def _insert_decompress(
         inputs.append(placeholder)
     readers = list(saved.users)
     before = min(readers, key=_position(graph)) if readers else _first_non_placeholder(graph)
-    restored = _decompress_nodes(graph, saved, inputs, before, codec, form)
-    restored.meta[DECOMPRESSED] = codec.name
     order = storage_permutation(fake)
+    compressed = fake if order is None else fake.permute(order)
+    restored = _decompress_nodes(graph, saved, compressed, inputs, before, codec, form)
+    restored.meta[DECOMPRESSED] = codec.name
     if order is not None:  # decompressed in storage order: permuted back, a view
         with graph.inserting_after(restored):
             layout = graph.create_node(
