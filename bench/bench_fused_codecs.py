@@ -24,10 +24,23 @@ negative). Its kept mask is stored as 0/1 bytes through a float -> uint8
 cast and read back through `kernels.aten_graphs.byte_values` (as int64
 words with 8-lane vectors, a plain byte load with 16-lane ones), the way
 the codecs write and read their one-byte payloads.
-The yardstick is ``value.clone()`` (a memcpy: one read and one write of
-the value at the machine's copy bandwidth), timed in the same rounds. The
-standalone column times the codec's two compiled graphs alone, on their
-own inputs (an upper bound: nothing to fuse with).
+The yardstick is a copy of the value into a buffer allocated once (one
+read and one write at the machine's copy bandwidth), timed in the same
+rounds. ``value.clone()`` was the yardstick until 2026-12-05; it also paid
+the page faults of a fresh 16 MiB buffer whenever the allocator had handed
+its memory back to the system, and timed 1.3-2.2 ms in different
+processes against 1.25-1.37 ms for the copy into a kept buffer (measured).
+Asking glibc to keep freed memory (``mallopt``) did not steady the
+graphs: the standalone decompress of int8_channel then took 1.4 ms
+instead of 1.0 ms (measured), so the graphs allocate as they would in a
+plan. The standalone column times the codec's two compiled graphs alone,
+on their own inputs (an upper bound: nothing to fuse with).
+
+The first row, ``one-byte cast (floor)``, is not a codec: its compress
+casts the value to int8 and its decompress casts back (`FloorCast`). It
+is the cheapest one-byte payload Inductor's code can write and read in
+the same graphs, so it shows how much of a codec's cost any one-byte
+codec pays here, and how much is its own arithmetic.
 
 A codec that takes calibrated parameters (int8_smooth's channel factors)
 gets two rows: under its name with the parameters measured on the value
@@ -55,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import platform
 import statistics
@@ -145,6 +159,35 @@ SCENARIOS = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class FloorCast:
+    """Not a codec: the value cast to int8 and back (no scale, values lost).
+
+    The floor of any one-byte codec in these graphs: what Inductor's code
+    pays to write one byte per element after the producer and to read it
+    back into a float32 value before the reader."""
+
+    name: str = "one-byte cast (floor)"
+    decompress_kind: DecompressKind = DecompressKind.VALUE
+
+    def calibration_parameters(self, x: torch.Tensor) -> None:
+        return None
+
+    def aten_compress(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [x.to(torch.int32).to(torch.int8)]  # through int32: Inductor's faster narrowing (see int_outlier)
+
+    def aten_decompress(self, payload: list[torch.Tensor], shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+        return payload[0].to(dtype).reshape(shape)
+
+
+FLOOR = FloorCast()
+
+
+def codec_of(name: str) -> Codec | FloorCast:
+    """A registered codec, or the floor row by its name."""
+    return FLOOR if name == FLOOR.name else get_codec(name)
+
+
 def scenario_of(name: str) -> Scenario:
     return SCENARIOS.get(name, SCENARIOS["layer_norm"])
 
@@ -175,7 +218,7 @@ class Graphs:
     copy: Callable[[], object]
 
 
-def build_graphs(codec: Codec, rows: int, cols: int, dtype: torch.dtype, *, calibrated: bool = True) -> Graphs:
+def build_graphs(codec: Codec | FloorCast, rows: int, cols: int, dtype: torch.dtype, *, calibrated: bool = True) -> Graphs:
     """The graphs of one codec. A codec that takes calibrated parameters
     gets them measured on the value and passed in as a graph input (what a
     calibrated plan's constant is to the kernels), unless ``calibrated`` is
@@ -223,7 +266,7 @@ def build_graphs(codec: Codec, rows: int, cols: int, dtype: torch.dtype, *, cali
         restore_backward=compiled(restore, grad, *payload),
         standalone_compress=compiled(lambda v, *p: aten_compress(v, *p), value, *extra),
         standalone_decompress=compiled(lambda *p: codec.aten_decompress(list(p), shape, vdtype), *payload),
-        copy=lambda: value.clone(),
+        copy=functools.partial(torch.Tensor.copy_, torch.empty_like(value), value),
     )
 
 
@@ -275,7 +318,7 @@ def run(names: list[str], rows: int, cols: int, dtype: torch.dtype, repeats: int
     cases = {}
     labels = {}
     for name in names:
-        codec = get_codec(name)
+        codec = codec_of(name)
         cases[name] = build_graphs(codec, rows, cols, dtype)
         labels[name] = name
         print(f"compiled {name}", file=sys.stderr, flush=True)
@@ -346,12 +389,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--codecs", nargs="*", default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--no-floor", action="store_true", help="leave out the one-byte cast row")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import torch._inductor.config as inductor_config
 
     inductor_config.fx_graph_cache = False
-    names = args.codecs or available_codecs()
+    names = ([] if args.no_floor else [FLOOR.name]) + (args.codecs or available_codecs())
     results = run(names, args.rows, args.cols, getattr(torch, args.dtype), args.repeats, args.min_time)
     command = "python bench/bench_fused_codecs.py " + " ".join(sys.argv[1:] if argv is None else argv)
     # Inductor's C++ takes its vector ISA from the same ATEN_CPU_CAPABILITY
