@@ -195,6 +195,7 @@ def _fit_simulated_peak(
     bracket.add(target, first.timeline.activation_peak_bytes, _model_peak(reduction.problem, first_reduced))
     fit_start = first_reduced if first.timeline.activation_peak_bytes <= target else None
     resolves = 0
+    search = "none allowed (peak_fit_solves=0)" if solves == 0 else _no_cap_left(bracket, clamped)
     for _ in range(solves):
         cap = bracket.next_cap(tolerance)
         if cap is None:
@@ -206,6 +207,7 @@ def _fit_simulated_peak(
             f"the budget {target}" if peak else f"no plan fits the model's last cap (budget {target})"
         )
         reason = f"{where}; re-solving with the model's cap at {cap}"
+        search = f"the last: {reason}"
         log.info("adacc: %s", reason)
         start = options
         if fit_start is not None and bracket.fit is not None and cap > bracket.fit[0]:
@@ -231,7 +233,18 @@ def _fit_simulated_peak(
     else:
         best = min(tried, key=lambda o: o.timeline.activation_peak_bytes)
     notes = tuple(dict.fromkeys(n for o in tried for n in o.notes))
-    return _over_budget(dataclasses.replace(best, resolves=resolves, notes=notes))
+    return _over_budget(dataclasses.replace(best, resolves=resolves, notes=notes), search)
+
+
+def _no_cap_left(bracket: _CapBracket, clamped: bool) -> str:
+    """Why the search stopped before its first re-solve, for the warning."""
+    if clamped:
+        return "none: the budget is the model's reachable minimum, so no lower cap has a plan"
+    if bracket.over is not None and bracket.fit is None:
+        cap, peak = bracket.over
+        return (f"none: the plan is {peak - bracket.target} bytes over the budget, at least its modelled "
+                f"peak {cap}, so no lower cap is left to try")
+    return "none needed by the search"
 
 
 @dataclass(slots=True)
@@ -320,17 +333,18 @@ def _plan_key(solution: PlanSolution) -> tuple:
     return tuple(sorted((name, choice.decision.value, choice.codec) for name, choice in solution.choices.items()))
 
 
-def _over_budget(outcome: PlanOutcome) -> PlanOutcome:
+def _over_budget(outcome: PlanOutcome, search: str) -> PlanOutcome:
     """Warns where no plan tried fits the budget by simulation (the split
     graphs hold what the model did not expect, and the tighter solves could
     not make up for it): training runs, over the budget by the figure the
-    warning gives."""
+    warning gives. ``search`` says which re-solve came last, or why none
+    ran."""
     peak, budget = outcome.timeline.activation_peak_bytes, outcome.budget.budget_bytes
     if peak > budget:
         warnings.warn(
             f"adacc: the plan's activation peak {peak} bytes is {peak - budget} bytes "
             f"({(peak - budget) / max(budget, 1):.1%}) over the budget {budget} after {outcome.resolves} "
-            f"corrective re-solve(s) ({outcome.notes[-1] if outcome.notes else 'none allowed'}); using the "
+            f"corrective re-solve(s) ({search}); using the "
             f"lowest-peak plan tried",
             stacklevel=4,
         )

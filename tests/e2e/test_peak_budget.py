@@ -234,6 +234,7 @@ def test_split_over_the_budget_lowers_the_cap_and_warns_if_nothing_fits(monkeypa
     assert any("re-solving with the model's cap" in note for note in summary["notes"])
     assert summary["activation_peak_fits_budget"] is (inflated_splits == 1)
     assert len(over) == (inflated_splits > 1) and all("over the budget" in m for m in over)
+    assert all("(the last: the split graphs peak at" in m for m in over)  # the last re-solve's reason
     if inflated_splits > 1:
         assert summary["replans"] <= 3  # peak_fit_solves' default
 
@@ -264,7 +265,8 @@ def test_a_split_over_the_reachable_minimum_is_not_re_solved_lower(monkeypatch):
         _, summary, _ = _plan(model, batch, lambda m: m, 0.01)
     assert summary["budget_clamped_to_minimum"] and summary["replans"] == 0
     assert not summary["activation_peak_fits_budget"]
-    assert any("corrective re-solve" in str(w.message) for w in caught)
+    assert any("0 corrective re-solve(s) (none: the budget is the model's reachable minimum" in str(w.message)
+               for w in caught)
     # The first solve, the boundary relaxation's solve within the peak alone
     # (no plan: the budget is clamped) and the fastest plan at the minimum;
     # none to fit the peak.

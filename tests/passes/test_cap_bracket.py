@@ -87,3 +87,14 @@ def test_a_modelled_peak_above_the_cap_does_not_raise_it():
     bracket = _CapBracket(1000)
     bracket.add(1000, 1100, modelled=1000)
     assert bracket.next_cap(0.03) == 900
+
+
+def test_an_excess_of_at_least_the_cap_leaves_no_cap_and_the_warning_says_why():
+    from adacc_compile.passes.plan_search import _no_cap_left
+
+    bracket = _CapBracket(1000)
+    bracket.add(1000, 2100, modelled=900)  # 1100 over: more than the modelled peak 900
+    assert bracket.next_cap(0.03) is None
+    why = _no_cap_left(bracket, clamped=False)
+    assert "1100 bytes over the budget" in why and "modelled peak 900" in why
+    assert "reachable minimum" in _no_cap_left(bracket, clamped=True)
