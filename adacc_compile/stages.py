@@ -65,7 +65,9 @@ def annotate_stage(state: PartitionState) -> None:
 def candidates_stage(state: PartitionState) -> None:
     assert state.info is not None and state.profile is not None
     codecs = allowed_codecs(state.config.accuracy, state.config.codecs)
-    options = make_compress_options(codecs, state.profile, state.info.backward_nodes, state.info.forward_needed)
+    options = make_compress_options(
+        codecs, state.profile, state.info.backward_nodes, state.info.forward_needed, mode=state.mode
+    )
     state.candidates = find_candidates(
         state.joint, state.info, options, allow_recompute=state.config.allow_recompute,
         profile=state.profile, mode=state.mode, num_fwd_outputs=state.num_fwd_outputs,

@@ -56,18 +56,27 @@ import torch
 import torch.fx as fx
 
 from adacc_compile.kernels import ApplyQuery, Codec, available_codecs, get_codec
+from adacc_compile.kernels.aten_graphs import codec_graphs
 from adacc_compile.kernels.oplib import triton_available
 
 from . import profile_cache
 from .annotate import annotation
-from .codec_form import GraphForm, codec_key
+from .codec_form import GraphForm, codec_key, graph_form
 from .codec_timing import is_aligned, measure_seconds_per_element
 from .device_profile import BUILTIN_PROFILES, DeviceProfile
+from .fusion import Realization
+from .memory_sim import graph_scratch_bytes
 from .op_class import is_view_op
 from .plan_problem import CompressOption
-from .storage_order import physical_order, storage_shape
+from .storage_order import in_storage_order, physical_order, storage_shape
 
 ACCURACY_ERROR_CAP = {"lossless": 0.0, "balanced": 0.02, "aggressive": 0.2}
+#: Lossy codecs are offered for values of at least this many elements. A
+#: declared bound is a relative error measured on large tensors; a handful
+#: of elements can all sit where the format is coarsest (a BatchNorm's 8
+#: saved statistics near 2.6, just above a power of two: fp8_e5m2 gave
+#: 6.1% against its declared 6%), and compressing them saves next to nothing.
+MIN_LOSSY_ELEMENTS = 64
 
 
 def allowed_codecs(accuracy: str, names: tuple[str, ...] | None) -> list[Codec]:
@@ -87,8 +96,14 @@ def make_compress_options(
     profile: DeviceProfile,
     backward_nodes: frozenset[fx.Node],
     forward_needed: frozenset[fx.Node] | None = None,
+    mode: Realization = Realization.INDUCTOR,
 ) -> Callable[[fx.Node], tuple[CompressOption, ...]]:
     """A callback for `find_candidates`: the legal codec options of a node.
+
+    In eager ``mode`` each option carries its compress scratch
+    (`compress_scratch_bytes`): the codec's aten form then runs op by op,
+    and its temporaries raised a 3-layer GPT's simulated activation peak to
+    2.1x what the memory model, which did not count them, gave its plan.
 
     With ``forward_needed`` (the nodes the forward outputs need), a value
     the forward computes for the backward alone (a GELU's derivative, a
@@ -117,9 +132,10 @@ def make_compress_options(
             consumer_targets=tuple(str(u.target) for u in readers),
         )
         derived = forward_needed is not None and node not in forward_needed and not is_view_op(node)
+        small = val.numel() < MIN_LOSSY_ELEMENTS
         out = []
         for codec in codecs:
-            if derived and not codec.lossless:
+            if (derived or small) and not codec.lossless:
                 continue
             try:
                 if not codec.applies(query):
@@ -139,11 +155,37 @@ def make_compress_options(
                     seconds=seconds,
                     error=codec.error_bound,
                     feeds_recompute=codec.feeds_recompute,
+                    compress_scratch=compress_scratch_bytes(codec, val) if mode is Realization.EAGER else 0,
                 )
             )
         return tuple(out)
 
     return options
+
+
+_SCRATCH: dict[tuple, int] = {}
+
+
+def compress_scratch_bytes(codec: Codec, val: torch.Tensor) -> int:
+    """Bytes ``codec``'s compress of a value like ``val`` allocates in eager
+    mode beyond the value and its payload: the simulated peak of its traced
+    aten form (`memory_sim.graph_scratch_bytes`), or the workspace the codec
+    declares for its custom op where the plan inserts that form. The form
+    without calibrated parameters (a calibrated compress skips the channel
+    statistics, so it needs no more)."""
+    key = (codec.name, tuple(val.shape), tuple(val.stride()), val.dtype, str(val.device))
+    if key not in _SCRATCH:
+        example = in_storage_order(val)
+        shape = tuple(int(s) for s in example.shape)
+        if graph_form(codec, val.dtype, val.device.type) is GraphForm.CUSTOM_OP:
+            _SCRATCH[key] = codec.compress_workspace_nbytes(shape, val.dtype, val.device.type)
+        else:
+            try:
+                traced = codec_graphs(codec, example).compress
+            except ValueError:  # not spliceable: the rewrite refuses it too
+                traced = None
+            _SCRATCH[key] = graph_scratch_bytes(traced, mode=Realization.EAGER) if traced is not None else 0
+    return _SCRATCH[key]
 
 
 def _static(val: torch.Tensor) -> bool:

@@ -30,7 +30,9 @@ memory rows push them down, so the model's peak is an upper bound on the
 simulated one; it over-estimates where a value is needed early through one
 user and read directly later (it is then counted alive in between).
 
-The forward holds every value the plan saves from its node to the end;
+The forward holds every value the plan saves from its node to the end
+(a compressed one also its codec's scratch at its node,
+`CompressOption.compress_scratch`);
 values only the backward reads run in the forward only when saved, or when
 a saved value is computed from them (``fc[v]``). A value Inductor would fuse
 away is written once when compressed (``Lifetime.written_bytes``) and then
@@ -536,8 +538,10 @@ def _forward_rows(
             held_from = end + 1 if lt.forward_bytes else p
         if keep and cand.keep_bytes:
             ranges.add(keep, held_from, last_segment, cand.keep_bytes)
-        for comp, nbytes in comps:
+        for (comp, nbytes), option in zip(comps, cand.compress):
             ranges.add(comp, p, last_segment, nbytes)
+            if option.compress_scratch:  # while the compress runs, right after the value
+                ranges.add(comp, p, p, option.compress_scratch)
             if lt.written_bytes:
                 _written_terms(b, rows, ranges, lt, fw, computed, comp)
     ranges.flush(rows)
@@ -731,7 +735,9 @@ def simulate(problem: PlanProblem, solution: PlanSolution) -> SimulatedPeak:
         if d is Decision.KEEP:
             _span_add(fw, temp_end + 1, last, cand.keep_bytes)
         elif d is Decision.COMPRESS:
-            _span_add(fw, lt.produced, last, next(o.nbytes for o in cand.compress if o.codec == codec[cand.name]))
+            option = next(o for o in cand.compress if o.codec == codec[cand.name])
+            _span_add(fw, lt.produced, last, option.nbytes)
+            _span_add(fw, lt.produced, lt.produced, option.compress_scratch)
             if lt.written_bytes:  # written for the codec, alive like a temporary
                 written_end = max([lt.forward_last_use, *(p for name, p in lt.late_readers if in_forward.get(name))])
                 _span_add(fw, lt.produced, written_end, lt.written_bytes)

@@ -33,6 +33,11 @@ class CompressOption:
     """Compress + decompress time."""
     error: float = 0.0
     """Declared relative error (0 for lossless codecs)."""
+    compress_scratch: int = 0
+    """Bytes the compress allocates beyond the value and its payload while
+    it runs (`memory_sim.graph_scratch_bytes` of the codec's eager aten
+    form), counted at the value's forward position; 0 under Inductor,
+    whose fused kernels hold little more (left to the peak-fit search)."""
     feeds_recompute: bool = True
     """May a recomputation start from the decompressed value? Only where the
     codec gives the value back exactly (`Codec.feeds_recompute`): a lossy

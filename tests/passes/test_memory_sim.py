@@ -471,3 +471,31 @@ def test_a_bitcast_to_another_width_is_a_fallback_call_that_ends_a_kernel_group(
     assert [runs_as_extern_kernel(n) for n in bitcasts] == [True, False]
     ends = kernel_group_ends(nodes)
     assert ends[nodes.index(bitcasts[0])] == nodes.index(bitcasts[0])
+
+
+def test_graph_scratch_counts_what_a_graph_holds_beyond_its_inputs_and_outputs():
+    """(x * 2 + 1).sum(): in eager both pointwise results exist at once
+    (the add's input and output), 2 x 4 KiB at the peak; the 4-byte output
+    is taken off (whoever holds it counts it from the start: a payload
+    counted with the scratch is then never less than the graph's peak).
+    Under Inductor the pointwise ops fuse into the sum: nothing."""
+    from adacc_compile.passes.fusion import Realization
+    import torch.fx as fx
+
+    from adacc_compile.passes.memory_sim import graph_scratch_bytes
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    doubled = g.call_function(torch.ops.aten.mul.Tensor, (x, 2))
+    shifted = g.call_function(torch.ops.aten.add.Tensor, (doubled, 1))
+    g.output((g.call_function(torch.ops.aten.sum.default, (shifted,)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    FakeTensorProp(gm).propagate(torch.randn(1024))
+    from adacc_compile.passes.annotate import annotate
+    from adacc_compile.passes.device_profile import profile_by_name
+
+    annotate(gm, profile_by_name("h100"), frozenset())
+    assert graph_scratch_bytes(gm, mode=Realization.EAGER) == 2 * 4096 - 4
+    assert graph_scratch_bytes(gm, mode=Realization.INDUCTOR) == 0

@@ -54,8 +54,11 @@ def random_problem(rng: random.Random, n: int, m: int, *, codecs: bool = True) -
         )
         compress = ()
         if codecs and rng.random() < 0.3:
+            # Eager codecs hold scratch while they compress (here 2x the value,
+            # for every third value: no draw, so the seeds' problems stay).
             compress = (CompressOption(codec="c8", nbytes=nbytes // 3, seconds=rng.uniform(0.5, 3) * 1e-6,
-                                       feeds_recompute=rng.random() < 0.5),)
+                                       feeds_recompute=rng.random() < 0.5,
+                                       compress_scratch=2 * nbytes if i % 3 == 1 else 0),)
             # A fused value a codec reads is written for it (Inductor).
             lifetime = dataclasses.replace(lifetime, written_bytes=nbytes if fused else 0)
         cands.append(Candidate(
@@ -179,6 +182,24 @@ def test_milp_places_recomputation_in_windows_only_within_the_peak_budget(seed):
         return
     assert check_solution(problem, solution) == []
     assert peak_model.simulate(problem, solution).peak_bytes <= modelled(problem, solution) <= budget
+
+
+def test_a_codecs_compress_scratch_counts_at_the_values_forward_position_only():
+    """One value compressed: its scratch raises the peak where it is
+    produced (model and simulation alike), not after it."""
+    lifetime = Lifetime(produced=1, forward_last_use=2, forward_bytes=100, backward_bytes=100, reads=(0,))
+    option = CompressOption(codec="c8", nbytes=25, seconds=1e-6, compress_scratch=300)
+    cand = Candidate(name="v", keep_bytes=100, recompute_seconds=1e-3, compress=(option,), lifetime=lifetime)
+    layout = StepLayout(forward_positions=4, backward_positions=1, forward_base=(0, 0, 0, 0),
+                        forward_layers=("",) * 4, backward_layers=("",))
+    problem = PlanProblem(candidates=(cand,), layout=layout)
+    problem = dataclasses.replace(problem, memory=peak_model.build_memory_model(problem))
+    plan = PlanSolution(choices={"v": Choice(decision=Decision.COMPRESS, codec="c8")}, status="optimal", solver="test")
+    peak = peak_model.simulate(problem, plan)
+    assert peak.forward_peak_bytes == 100 + 25 + 300 and peak.where == "forward 1"
+    no_scratch = dataclasses.replace(cand, compress=(dataclasses.replace(option, compress_scratch=0),))
+    assert peak_model.simulate(dataclasses.replace(problem, candidates=(no_scratch,)), plan).forward_peak_bytes == 125
+    assert modelled(problem, plan) == peak.peak_bytes
 
 
 def test_window_lifetime_is_simulated_from_the_window_opening():
