@@ -171,13 +171,14 @@ def compress_scratch_bytes(codec: Codec, val: torch.Tensor) -> int:
     mode beyond the value and its payload: the simulated peak of its traced
     aten form (`memory_sim.graph_scratch_bytes`), or the workspace the codec
     declares for its custom op where the plan inserts that form. The form
-    without calibrated parameters (a calibrated compress skips the channel
-    statistics, so it needs no more)."""
-    key = (codec.name, tuple(val.shape), tuple(val.stride()), val.dtype, str(val.device))
+    without calibrated parameters: a calibrated compress of these codecs
+    skips the statistics that the parameters replace."""
+    form = graph_form(codec, val.dtype, val.device.type)
+    key = (codec.name, form, tuple(val.shape), tuple(val.stride()), val.dtype, str(val.device))
     if key not in _SCRATCH:
         example = in_storage_order(val)
         shape = tuple(int(s) for s in example.shape)
-        if graph_form(codec, val.dtype, val.device.type) is GraphForm.CUSTOM_OP:
+        if form is GraphForm.CUSTOM_OP:
             _SCRATCH[key] = codec.compress_workspace_nbytes(shape, val.dtype, val.device.type)
         else:
             try:
