@@ -37,3 +37,38 @@ def test_the_yardstick_copies_into_one_buffer_allocated_once():
     graphs = bench_fused_codecs.build_graphs(bench_fused_codecs.FLOOR, 8, 64, torch.float32)
     first, second = graphs.copy(), graphs.copy()
     assert first.data_ptr() == second.data_ptr()
+
+
+def test_above_floor_is_paired_per_round_and_only_for_the_floors_graphs(monkeypatch):
+    """Fake timings (copy and kept graphs 1 s): the floor's compress adds
+    1 copy in round 0 and 3 in round 1, int8_channel's 2 and 4, so its
+    ratio moves by 2 while it stays 1 above the floor; softmax_u8 runs in
+    other graphs: no figure."""
+    import torch
+
+    added = {bench_fused_codecs.FLOOR.name: [1.0, 3.0], "int8_channel": [2.0, 4.0]}
+    names = [bench_fused_codecs.FLOOR.name, "int8_channel", "softmax_u8"]
+    fields = ("keep_forward", "compress_forward", "keep_backward", "restore_backward",
+              "standalone_compress", "standalone_decompress", "copy")
+    compress_calls = {n: 0 for n in names}
+
+    def graphs_for(codec, *args, **kwargs):
+        def make(field):
+            return lambda: (codec.name, field)
+        return bench_fused_codecs.Graphs(**{f: make(f) for f in fields})
+
+    def timed(fn, inner):
+        name, field = fn()
+        if field != "compress_forward" or name not in added:
+            return 1.0
+        compress_calls[name] += 1
+        # The first timed call sizes the repeats; the next two are rounds 0 and 1.
+        return 1.0 + (added[name][compress_calls[name] - 2] if compress_calls[name] > 1 else 0.0)
+
+    monkeypatch.setattr(bench_fused_codecs, "build_graphs", graphs_for)
+    monkeypatch.setattr(bench_fused_codecs, "_timed", timed)
+    results = {r.codec: r for r in bench_fused_codecs.run(names, 4, 64, torch.float32, repeats=2, min_time=0.0)}
+    floor, channel, softmax = (results[n] for n in names)
+    assert floor.in_graph_vs_copy == 2.0 and channel.in_graph_vs_copy == 3.0  # medians of 1, 3 and 2, 4
+    assert channel.above_floor == 1.0
+    assert floor.above_floor is None and softmax.above_floor is None
