@@ -20,6 +20,28 @@ or the native 0x7C / 0xFC (e5m2). Every payload size follows from shape alone.
 Payload: ``codes`` (uint8 holding fp8 bit patterns, same shape as the input)
 and ``scales`` (float32, one per row). ``x_hat = fp8(codes) * scales[row]``.
 
+Calibrated scale (`Fp8Codec.calibration_parameters`, the aten form only):
+a row's scale needs the row's maximum before its first code, and Inductor's
+CPU code computes that maximum and the codes in two loops over all rows,
+so the value is read from memory a second time (2.2-2.5 copies of the
+value for fp8_e5m2 inside a compiled graph, against 0.9-1.1 for a plain
+one-byte cast; bench/RESULTS.md). A calibrated plan instead holds one power
+of two measured on the calibration batch (its largest finite |x| scaled into
+``[2**calibrated_top, 2**(calibrated_top+1))``, a few binades below the
+per-row placement) and writes it as every row's scale: the codes are then
+elementwise, and Inductor writes them in the producer's own loop. The
+payload and the decompress are the same. The headroom is the price: a
+finite value more than ``saturation / 2**(calibrated_top+1)`` times the
+calibrated maximum (13-26x for e4m3, 1792-3584x for e5m2) saturates to the
+largest code the compress writes, ``±saturation`` (its error is then its
+excess; NaN and ±Inf keep their codes), and values far below the tensor's
+maximum meet the subnormal range sooner than with a scale per row (for e5m2
+only below 2**-18 of the maximum). The calibrate pass measures the error
+with the calibrated scale and drops the option above the declared bound,
+and the monitor measures it again during training
+(`adacc_compile.monitor`), so activations that outgrow the headroom show as
+drift and the replan measures a new scale.
+
 Error (relative Frobenius, checked by ``tests/kernels/test_fp8.py`` on
 Gaussian, LayerNorm, GELU/ReLU-output, Student-t and outlier-channel
 activations in fp32 and bf16): 0.026-0.027 (SQNR 31.5 dB) for e4m3 and
@@ -86,6 +108,12 @@ class Fp8Format:
     neg_inf_code: int
     #: Declared relative Frobenius error on realistic activations.
     error_bound: float
+    #: A calibrated scale puts the calibration value's largest finite |x|
+    #: into [2**calibrated_top, 2**(calibrated_top+1)) (see the module docstring).
+    calibrated_top: int
+    #: Largest magnitude a calibrated compress writes; finite values beyond
+    #: it saturate. Below the reserved ±Inf codes (e4m3fn: 448; e5m2: Inf).
+    saturation: float
 
 
 E4M3 = Fp8Format(
@@ -98,6 +126,8 @@ E4M3 = Fp8Format(
     pos_inf_code=0x7E,
     neg_inf_code=0xFE,
     error_bound=0.03,
+    calibrated_top=3,
+    saturation=416.0,
 )
 E5M2 = Fp8Format(
     name="fp8_e5m2",
@@ -109,6 +139,8 @@ E5M2 = Fp8Format(
     pos_inf_code=0x7C,
     neg_inf_code=0xFC,
     error_bound=0.06,
+    calibrated_top=4,
+    saturation=57344.0,
 )
 
 
@@ -129,11 +161,51 @@ def _pow2(exponent: torch.Tensor) -> torch.Tensor:
     return ((exponent + 127) << 23).view(torch.float32)
 
 
-def _scale_exponent(amax: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
-    """Power-of-two exponent putting ``amax`` into [2**top, 2**(top+1)); 0 for 0."""
+def _scale_exponent(amax: torch.Tensor, fmt: Fp8Format, top: int | None = None) -> torch.Tensor:
+    """Power-of-two exponent putting ``amax`` into [2**top, 2**(top+1))
+    (``top``: the format's per-row placement unless given); 0 for 0."""
     e = ((amax.view(torch.int32) >> 23) & 0xFF) - 127
-    s = (e - fmt.top).clamp(-126, 126)
+    s = (e - (fmt.top if top is None else top)).clamp(-126, 126)
     return torch.where(amax == 0, 0, s)
+
+
+def _canonical_nan(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes with the negative NaN code 0xFF made 0x7F (both formats
+    encode NaN as 0x7F | sign, and torch's cast keeps a NaN's sign): byte
+    arithmetic, ``c & (255 - (((c & 127) + 1) & 128))``, which clears bit 7
+    exactly where the low seven bits are all ones. It replaces a select on
+    the float value, which cost 0.4-0.8 copies of the value more in
+    Inductor's AVX512 code (its masks go through vectors and back; 4096 x
+    1024 float32, 1 thread, medians of 15 interleaved rounds)."""
+    return codes & (255 - (((codes & 127) + 1) & 128))
+
+
+def check_calibrated_scale(scale: torch.Tensor, device: torch.device, *, codec: str) -> torch.Tensor:
+    """``scale`` as a calibrated fp8 scale for a value on ``device``:
+    float32 of shape (1,) (its value is a power of two by construction,
+    `fp8_calibrated_scale`; not read here, so fake tensors pass)."""
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or tuple(scale.shape) != (1,):
+        raise ValueError(f"{codec}: a calibrated scale is a float32 tensor of shape (1,), got {_describe(scale)}")
+    if scale.device != torch.device(device):
+        raise ValueError(f"{codec}: calibrated scale on {scale.device}, the value on {device}")
+    return scale
+
+
+def _describe(t: Any) -> str:
+    return f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def fp8_calibrated_scale(x: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
+    """The calibrated scale of ``x`` (float32 ``[1]``, a power of two, on
+    ``x``'s device): ``x``'s largest finite |x| divided by it lies in
+    ``[2**fmt.calibrated_top, 2**(fmt.calibrated_top+1))``; 1 when ``x``
+    holds no finite non-zero value."""
+    check_input(x, codec=fmt.name, dtypes=_DTYPES)
+    if x.numel() == 0:
+        return torch.ones(1, dtype=torch.float32, device=x.device)
+    a = x.detach().abs().float()
+    amax = torch.where(a < float("inf"), a, 0.0).amax().reshape(1)
+    return _pow2(_scale_exponent(amax, fmt, fmt.calibrated_top))
 
 
 def torch_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
@@ -164,6 +236,26 @@ def torch_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
         codes.masked_fill_(torch.isposinf(x2), fmt.pos_inf_code)
         codes.masked_fill_(torch.isneginf(x2), fmt.neg_inf_code)
     return [codes.reshape(x.shape), _pow2(s)]
+
+
+def torch_fp8_compress_calibrated(x: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
+    """Reference of the calibrated compress (see the module docstring):
+    every row scaled by the one calibrated power of two ``scale``, finite
+    values saturated at ``±fmt.saturation``, torch's round-to-nearest fp8
+    cast; NaN as 0x7F, ±Inf as the format's Inf codes. The payload is the
+    uncalibrated one's, with ``scale`` as every row's scale."""
+    check_input(x, codec=fmt.name, dtypes=_DTYPES)
+    scale = check_calibrated_scale(scale, x.device, codec=fmt.name)
+    rows, cols = rows_channels(x.shape)
+    scales = scale.expand(rows).contiguous()
+    if x.numel() == 0:
+        return [torch.empty(x.shape, dtype=torch.uint8, device=x.device), scales]
+    x2 = x.reshape(rows, cols)
+    v = x2.float() * (1.0 / scale)  # exact: a power of two (a huge finite x may overflow to ±Inf here)
+    v = torch.where(torch.isfinite(x2), v.clamp(-fmt.saturation, fmt.saturation), v)
+    codes = v.to(fmt.torch_dtype).view(torch.uint8)
+    codes.masked_fill_(torch.isnan(x2), fmt.nan_code)
+    return [codes.reshape(x.shape), scales]
 
 
 def torch_fp8_decompress(
@@ -200,7 +292,8 @@ def torch_fp8_decompress(
 
 def _aten_encode(v: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
     """fp8 code (as a float in 0..255) of finite, pre-scaled float32 ``v``
-    (``|v| < 2**(top+1)``), rounded to nearest even: the same bits as
+    (``|v|`` at most the format's largest finite value, ``fmt.saturation``
+    for e5m2, 416 for e4m3fn), rounded to nearest even: the same bits as
     ``v.to(fmt.torch_dtype)`` (checked on every float32 of that range).
 
     Normal codes round the float32 bits themselves (add half a code ulp
@@ -246,30 +339,39 @@ def native_fp8_casts(device: torch.device) -> bool:
     return torch.device(device).type == "cpu" and aten_graphs.vector_lanes(device) > 8
 
 
-def aten_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
-    """`torch_fp8_compress` written for Inductor (same codes and scales)."""
+def aten_fp8_compress(x: torch.Tensor, fmt: Fp8Format, scale: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """`torch_fp8_compress` written for Inductor (same codes and scales);
+    with a calibrated ``scale``, `torch_fp8_compress_calibrated`: no
+    statistics, the codes elementwise."""
     check_input(x, codec=fmt.name, dtypes=_DTYPES)
+    if scale is not None:
+        scale = check_calibrated_scale(scale, x.device, codec=fmt.name)
     if x.numel() == 0:
-        return torch_fp8_compress(x, fmt)
+        return torch_fp8_compress(x, fmt) if scale is None else torch_fp8_compress_calibrated(x, scale, fmt)
     rows, cols = rows_channels(x.shape)
     v = x.reshape(rows, cols).float()
-    # |v| < inf is false exactly at NaN and ±Inf; the codes of those are one
-    # select at the end (three comparisons with their own selects before).
+    # |v| < inf is false exactly at NaN and ±Inf.
     ok = v.abs() < float("inf")
-    amax = torch.where(ok, v.abs(), 0.0).amax(dim=1)
-    s = _scale_exponent(amax, fmt)
+    if scale is None:
+        s = _scale_exponent(torch.where(ok, v.abs(), 0.0).amax(dim=1), fmt)
+        scaled, scales = v * _pow2(-s)[:, None], _pow2(s)
+    else:
+        # Saturated where finite (a finite x beyond the range may overflow
+        # to ±Inf in the product, and saturates too); ±Inf and NaN pass.
+        product = v * (1.0 / scale)
+        scaled = torch.where(ok, product.clamp(-fmt.saturation, fmt.saturation), product)
+        scales = scale.expand(rows).contiguous()
     if native_fp8_casts(x.device):
         # torch's cast saturates ±Inf to the reserved ±Inf codes of both
-        # formats already (e4m3fn: ±448; e5m2: ±Inf) and keeps a NaN's
-        # sign: one select makes every NaN the positive NaN code.
-        scaled = torch.where(v != v, float("nan"), v * _pow2(-s)[:, None])
-        return [scaled.reshape(x.shape).to(fmt.torch_dtype).view(torch.uint8), _pow2(s)]
-    code = _aten_encode(torch.where(ok, v, 0.0) * _pow2(-s)[:, None], fmt)
+        # formats already (e4m3fn: ±448; e5m2: ±Inf) and gives NaN as
+        # 0x7F | its sign, which `_canonical_nan` makes 0x7F.
+        return [_canonical_nan(scaled.reshape(x.shape).to(fmt.torch_dtype).view(torch.uint8)), scales]
+    code = _aten_encode(torch.where(ok, scaled, 0.0), fmt)
     special = torch.where(
         v != v, float(fmt.nan_code), torch.where(v > 0, float(fmt.pos_inf_code), float(fmt.neg_inf_code))
     )
     code = torch.where(ok, code, special)
-    return [code.to(torch.uint8).reshape(x.shape), _pow2(s)]
+    return [code.to(torch.uint8).reshape(x.shape), scales]
 
 
 def aten_fp8_decompress(
@@ -488,8 +590,14 @@ class Fp8Codec(OpCodec):
     def payload_spec(self, shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
         return fp8_payload_spec(shape, dtype)
 
-    def aten_compress(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return aten_fp8_compress(x, self.fmt)
+    def calibration_parameters(self, x: torch.Tensor) -> torch.Tensor:
+        """The calibrated scale of ``x`` (`fp8_calibrated_scale`): with it
+        the compress is elementwise (see the module docstring)."""
+        return fp8_calibrated_scale(x, self.fmt)
+
+    def aten_compress(self, x: torch.Tensor, parameters: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """See `aten_fp8_compress`; ``parameters``: the calibrated scale."""
+        return aten_fp8_compress(x, self.fmt, parameters)
 
     def aten_decompress(
         self, payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype

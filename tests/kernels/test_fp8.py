@@ -304,3 +304,133 @@ def test_interpreted_non_contiguous_and_op_path(name: str, monkeypatch: pytest.M
     packed = codec.compress(x)
     assert all(torch.equal(p, q) for p, q in zip(packed.payload, ref))
     assert _same(codec.decompress(packed), fp8.torch_fp8_decompress(ref, x.shape, x.dtype, fmt))
+
+
+# ---------------------------------------------------------------- calibrated scale
+
+
+def _scale(value: float) -> torch.Tensor:
+    return torch.tensor([value], dtype=torch.float32)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_calibrated_scale_places_the_finite_maximum_and_ignores_non_finite(name: str) -> None:
+    fmt, codec = FORMATS[name], get_codec(name)
+    x = _data((50, 70), torch.float32, seed=4)  # NaN and ±Inf planted
+    scale = codec.calibration_parameters(x)
+    assert scale.dtype == torch.float32 and tuple(scale.shape) == (1,)
+    assert int(scale.view(torch.int32)) & 0x7FFFFF == 0  # a power of two
+    amax = float(x[torch.isfinite(x)].abs().max())
+    assert 2.0**fmt.calibrated_top <= amax / float(scale) < 2.0 ** (fmt.calibrated_top + 1)
+    assert float(codec.calibration_parameters(x.to(torch.bfloat16))) == float(
+        codec.calibration_parameters(x.to(torch.bfloat16).float())
+    )
+    for nothing in (torch.zeros(3, 4), torch.full((2, 2), float("nan")), torch.empty(0, 5)):
+        assert float(codec.calibration_parameters(nothing)) == 1.0
+
+
+def _calibrated_probes(fmt: fp8.Fp8Format) -> torch.Tensor:
+    """At scale 1: every code up to the saturation value, every midpoint and
+    its fp32 neighbours, values beyond the saturation value (one that
+    rounds to it, finite ones far above, the largest float32), ±Inf and NaN
+    of both signs, subnormal fp8 values and ±0."""
+    top = int(torch.tensor([fmt.saturation]).to(fmt.torch_dtype).view(torch.uint8))
+    grid = torch.arange(0, top + 1, dtype=torch.uint8).view(fmt.torch_dtype).float()
+    mid = (grid[1:] + grid[:-1]) / 2
+    probes = torch.cat([grid, mid, mid.nextafter(torch.tensor(0.0)), mid.nextafter(torch.tensor(1e9))])
+    beyond = torch.tensor([fmt.saturation * 1.01, fmt.saturation * 1000, 3.4e38, 1e30])
+    special = torch.tensor([float("inf"), float("-inf"), float("nan"), -float("nan"), -0.0])
+    return torch.cat([probes, -probes, beyond, -beyond, special])
+
+
+@pytest.mark.parametrize("lanes", [16, pytest.param(8, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", FORMATS)
+def test_calibrated_compress_is_the_references_bit_for_bit_eager_and_compiled(
+    name: str, lanes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The calibrated aten form (torch's casts with 16 lanes, the bit-level
+    encode with 8), run eagerly and compiled by Inductor, gives the
+    reference's codes; finite values beyond the range saturate, NaN is 0x7F
+    whatever its sign, ±Inf keep their codes."""
+    from adacc_compile import compat
+    from adacc_compile.kernels import aten_graphs
+
+    monkeypatch.setattr(aten_graphs, "vector_lanes", lambda device: lanes)
+    fmt, codec = FORMATS[name], get_codec(name)
+    row = _calibrated_probes(fmt).view(1, -1)
+    scale = _scale(1.0)
+    ref = fp8.torch_fp8_compress_calibrated(row, scale, fmt)
+    eager = codec.aten_compress(row, scale)
+    graphs = aten_graphs.codec_graphs(codec, row, scale)
+    compiled = list(compat.inductor_compile_inference(graphs.compress, [row, scale])(row, scale))
+    for got in (eager, compiled):
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    codes, values = ref[0].view(-1), row.view(-1)
+    assert torch.equal(codes[values.isnan()], torch.full((2,), fmt.nan_code, dtype=torch.uint8))
+    assert codes[values == float("inf")].tolist() == [fmt.pos_inf_code]
+    assert codes[values == float("-inf")].tolist() == [fmt.neg_inf_code]
+    restored = fp8.torch_fp8_decompress(ref, row.shape, torch.float32, fmt).view(-1)
+    over = torch.isfinite(values) & (values.abs() > fmt.saturation)
+    assert torch.equal(restored[over], values[over].sign() * fmt.saturation)
+    inside = torch.isfinite(values) & ~over
+    assert torch.equal(restored[inside], values[inside].to(fmt.torch_dtype).float())  # the cast's own rounding
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_calibrated_round_trip_within_declared_bound_on_realistic_activations(name: str, dtype: torch.dtype) -> None:
+    """Calibrated on the value itself, as the calibrate pass does."""
+    codec = get_codec(name)
+    for family, x in realistic_activations():
+        x = x.to(dtype)
+        payload = codec.aten_compress(x, codec.calibration_parameters(x))
+        x_hat = codec.aten_decompress(payload, list(x.shape), dtype)
+        err = error_stats(x.float(), x_hat.float())[0]
+        assert err <= codec.error_bound, (family, err)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_value_that_outgrows_its_calibration_saturates_and_measures_over_the_bound(name: str) -> None:
+    """What the monitor measures (`Codec.calibrate` with the plan's
+    parameters): a batch whose values grew far past the calibrated range
+    loses its largest values to saturation, and the measured error says so;
+    with a scale measured on it, the error is back within the bound."""
+    codec = get_codec(name)
+    x = next(v for family, v in realistic_activations() if family == "layernorm")
+    scale = codec.calibration_parameters(x)
+    assert codec.calibrate([x], scale).relative_error <= codec.error_bound
+    grown = x * 1e4
+    assert codec.calibrate([grown], scale).relative_error > codec.error_bound
+    assert codec.calibrate([grown], codec.calibration_parameters(grown)).relative_error <= codec.error_bound
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_calibrated_compress_reads_the_value_once(name: str) -> None:
+    """No statistic of the value in the calibrated compress (the reason for
+    the calibrated scale): its traced graph reduces nothing, while the
+    per-row one takes each row's maximum."""
+    from adacc_compile.kernels import aten_graphs
+
+    codec = get_codec(name)
+    x = torch.randn(8, 64)
+    reductions = {torch.ops.aten.amax.default, torch.ops.aten.max.default, torch.ops.aten.max.dim}
+
+    def reduces(gm: torch.fx.GraphModule) -> bool:
+        return any(n.target in reductions for n in gm.graph.nodes)
+
+    assert reduces(aten_graphs.codec_graphs(codec, x).compress)
+    assert not reduces(aten_graphs.codec_graphs(codec, x, codec.calibration_parameters(x)).compress)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_calibrated_scale_of_the_wrong_kind_raises(name: str) -> None:
+    fmt, codec = FORMATS[name], get_codec(name)
+    x = torch.randn(4, 8)
+    for bad in (torch.ones(2), torch.ones(1, dtype=torch.float64), torch.ones(())):
+        with pytest.raises(ValueError, match="calibrated scale"):
+            codec.aten_compress(x, bad)
+        with pytest.raises(ValueError, match="calibrated scale"):
+            fp8.torch_fp8_compress_calibrated(x, bad, fmt)
+    empty = fp8.torch_fp8_compress_calibrated(torch.empty(0, 8), _scale(2.0), fmt)
+    assert empty[0].shape == (0, 8) and empty[1].shape == (0,)
+    assert codec.aten_compress(torch.empty(3, 0), _scale(2.0))[1].tolist() == [2.0, 2.0, 2.0]
