@@ -30,10 +30,20 @@ rounds. ``value.clone()`` was the yardstick until 2026-12-05; it also paid
 the page faults of a fresh 16 MiB buffer whenever the allocator had handed
 its memory back to the system, and timed 1.3-2.2 ms in different
 processes against 1.25-1.37 ms for the copy into a kept buffer (measured).
-Asking glibc to keep freed memory (``mallopt``) did not steady the
-graphs: the standalone decompress of int8_channel then took 1.4 ms
-instead of 1.0 ms (measured), so the graphs allocate as they would in a
-plan. The standalone column times the codec's two compiled graphs alone,
+The graphs allocate their outputs on every call, and glibc's malloc hands
+buffers of this size back to the system (``munmap`` or a trim of its heap)
+by rules that depend on what else the process freed: counted with
+``getrusage``, the value-kept forward of int8_channel faulted in 813 fresh
+pages per call in one process and none in another, the same code, and a
+graph that faults in a 16 MiB buffer pays ~1.4 ms for it, a copy's worth.
+That decided whether a codec looked cheaper than keeping its value (a run
+on 2026-12-05 measured the floor at -2.3 copies). So the benchmark runs
+under `STEADY_ALLOCATOR` (glibc keeps every buffer up to 32 MiB on its
+heap and never trims it, as a training loop's steady state does after its
+first steps), re-executing itself with that setting unless
+``--system-allocator`` is given; every row counts the page faults of its
+timed calls, 0 when the figures are free of them.
+The standalone column times the codec's two compiled graphs alone,
 on their own inputs (an upper bound: nothing to fuse with).
 
 The first row, ``one-byte cast (floor)``, is not a codec: its compress
@@ -44,11 +54,12 @@ codec pays here, and how much is its own arithmetic: the "above floor"
 column, per round the codec's ratio less the floor's, for the codecs
 timed in the floor's graphs (LayerNorm -> matmul).
 
-A codec that takes calibrated parameters (int8_smooth's channel factors)
-gets two rows: under its name with the parameters measured on the value
-beforehand and passed into the graph (a calibrated plan holds them as a
-constant), and ``(parameters per call)`` with its compress measuring them
-on every call (a plan made without real inputs).
+A codec that takes calibrated parameters (int8_smooth's channel factors,
+fp8's scale) gets two rows: under its name with the parameters measured on
+the value beforehand and passed into the graph (a calibrated plan holds
+them as a constant), and ``(uncalibrated)`` with the compress of a plan
+made without real inputs (int8_smooth measures its factors on every call,
+fp8 scales each row by its own maximum).
 
 Producers and readers, per the codecs' ``applies`` checks:
 
@@ -72,7 +83,9 @@ import argparse
 import datetime
 import functools
 import json
+import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -291,6 +304,10 @@ class Result:
     in_graph_quartiles: tuple[float, float]
     """25th and 75th percentiles of the same per-round ratio: the noise."""
     standalone_vs_copy: float
+    page_faults: int = 0
+    """Minor page faults during this row's timed calls (all its graphs and
+    copies): a fault brings in a fresh page of a freed buffer, time the
+    codec's arithmetic does not take."""
     above_floor: float | None = None
     """Median over rounds of this ratio less the floor row's of the same
     round, for codecs timed in the floor's graphs (LayerNorm -> matmul);
@@ -315,13 +332,33 @@ def _timed(fn: Callable[[], object], inner: int) -> float:
     return (time.perf_counter() - start) / inner
 
 
-#: Row label of a parameterised codec whose compress measures its parameters itself.
-PER_CALL = " (parameters per call)"
+#: Row label of a parameterised codec compressed as a plan made without
+#: real inputs does it (no calibrated parameters).
+PER_CALL = " (uncalibrated)"
+
+#: glibc malloc settings the benchmark runs under (``GLIBC_TUNABLES``): every
+#: buffer up to 32 MiB from its heap (the largest threshold glibc takes), the
+#: heap never trimmed, so a freed buffer is reused without page faults.
+STEADY_ALLOCATOR = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295"
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def steady_allocator_env(environ: dict[str, str]) -> dict[str, str] | None:
+    """The environment to re-execute under `STEADY_ALLOCATOR`, or None when
+    ``environ`` already holds it (or glibc is not the C library)."""
+    if platform.libc_ver()[0] != "glibc" or STEADY_ALLOCATOR in environ.get("GLIBC_TUNABLES", ""):
+        return None
+    tunables = ":".join(t for t in (environ.get("GLIBC_TUNABLES", ""), STEADY_ALLOCATOR) if t)
+    return {**environ, "GLIBC_TUNABLES": tunables}
 
 
 def run(names: list[str], rows: int, cols: int, dtype: torch.dtype, repeats: int, min_time: float) -> list[Result]:
     """Every codec of ``names``; a codec taking calibrated parameters twice:
-    with them (its name) and measuring them per call (`PER_CALL`)."""
+    with them (its name) and as a plan made without real inputs compresses
+    (`PER_CALL`)."""
     cases = {}
     labels = {}
     for name in names:
@@ -343,10 +380,13 @@ def run(names: list[str], rows: int, cols: int, dtype: torch.dtype, repeats: int
     inner = {name: {f: max(1, int(min_time / max(_timed(fn, 1), 1e-7))) for f, fn in per_codec.items()}
              for name, per_codec in fns.items()}
     times = {name: {f: [] for f in fields} for name in fns}
+    faults = dict.fromkeys(fns, 0)
     for _ in range(repeats):
         for name, per_codec in fns.items():
+            before = _minor_faults()
             for f, fn in per_codec.items():
                 times[name][f].append(_timed(fn, inner[name][f]))
+            faults[name] += _minor_faults() - before
     # Paired per round: each round's graphs ran back to back, so a
     # round's difference cancels the machine's drift between rounds.
     added = {
@@ -377,6 +417,7 @@ def run(names: list[str], rows: int, cols: int, dtype: torch.dtype, repeats: int
             in_graph_vs_copy=statistics.median(ratios),
             in_graph_quartiles=(quartiles[0], quartiles[2]),
             standalone_vs_copy=(med["standalone_compress"] + med["standalone_decompress"]) / med["copy"],
+            page_faults=faults[name],
             above_floor=above,
         ))
     return results
@@ -385,8 +426,8 @@ def run(names: list[str], rows: int, cols: int, dtype: torch.dtype, repeats: int
 def markdown(results: list[Result]) -> str:
     rows = [
         "| codec | value | dtype | copy ms | compress adds ms | decompress adds ms | in graph / copy "
-        "| (p25-p75) | above floor | standalone / copy |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| (p25-p75) | above floor | standalone / copy | page faults |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         low, high = r.in_graph_quartiles
@@ -394,7 +435,7 @@ def markdown(results: list[Result]) -> str:
         rows.append(
             f"| {r.codec} | {r.value} | {r.dtype} | {r.copy_ms:.3f} | {r.compress_added_ms:.3f} "
             f"| {r.decompress_added_ms:.3f} | {r.in_graph_vs_copy:.2f} | {low:.2f} - {high:.2f} "
-            f"| {above} | {r.standalone_vs_copy:.2f} |"
+            f"| {above} | {r.standalone_vs_copy:.2f} | {r.page_faults} |"
         )
     return "\n".join(rows)
 
@@ -410,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--codecs", nargs="*", default=None)
     parser.add_argument("--json", default=None)
     parser.add_argument("--no-floor", action="store_true", help="leave out the one-byte cast row")
+    parser.add_argument("--system-allocator", action="store_true",
+                        help="run under the environment's malloc settings, not STEADY_ALLOCATOR")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import torch._inductor.config as inductor_config
@@ -421,15 +464,19 @@ def main(argv: list[str] | None = None) -> int:
     # Inductor's C++ takes its vector ISA from the same ATEN_CPU_CAPABILITY
     # (set it to avx2 on an AVX512 machine to measure the AVX2 code).
     isa = torch.backends.cpu.get_cpu_capability()
+    allocator = os.environ.get("GLIBC_TUNABLES") or "system default"
     print(f"# codecs inside compiled graphs, {datetime.date.today()}, {platform.machine()} CPU ({isa}), "
-          f"torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats}\n\n`{command}`\n")
+          f"torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats}, "
+          f"malloc: {allocator}\n\n`{command}`\n")
     print(markdown(results))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": command, "threads": args.threads, "isa": isa,
+            json.dump({"command": command, "threads": args.threads, "isa": isa, "allocator": allocator,
                        "results": [asdict(r) for r in results]}, f, indent=1)
     return 0
 
 
 if __name__ == "__main__":
+    if "--system-allocator" not in sys.argv and (env := steady_allocator_env(dict(os.environ))) is not None:
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)  # glibc reads its tunables at start-up
     sys.exit(main())

@@ -72,3 +72,43 @@ def test_above_floor_is_paired_per_round_and_only_for_the_floors_graphs(monkeypa
     assert floor.in_graph_vs_copy == 2.0 and channel.in_graph_vs_copy == 3.0  # medians of 1, 3 and 2, 4
     assert channel.above_floor == 1.0
     assert floor.above_floor is None and softmax.above_floor is None
+
+
+def test_the_benchmark_re_executes_under_the_steady_allocator_once():
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        assert bench_fused_codecs.steady_allocator_env({}) is None
+        return
+    env = bench_fused_codecs.steady_allocator_env({"PATH": "/bin"})
+    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": bench_fused_codecs.STEADY_ALLOCATOR}
+    assert bench_fused_codecs.steady_allocator_env(env) is None  # already under it: no second exec
+    other = bench_fused_codecs.steady_allocator_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=1"})
+    assert other["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=1:" + bench_fused_codecs.STEADY_ALLOCATOR
+
+
+def test_each_row_counts_the_page_faults_of_its_timed_calls(monkeypatch):
+    """A fake fault counter that moves by 5 while int8_channel's graphs run
+    (two rounds: 10) and not for the floor's."""
+    import torch
+
+    names = [bench_fused_codecs.FLOOR.name, "int8_channel"]
+    fields = ("keep_forward", "compress_forward", "keep_backward", "restore_backward",
+              "standalone_compress", "standalone_decompress", "copy")
+    counter = [0]
+
+    def graphs_for(codec, *args, **kwargs):
+        def make(field):
+            def call():
+                if codec.name == "int8_channel" and field == "keep_forward":
+                    counter[0] += 5
+            return call
+        return bench_fused_codecs.Graphs(**{f: make(f) for f in fields})
+
+    monkeypatch.setattr(bench_fused_codecs, "build_graphs", graphs_for)
+    monkeypatch.setattr(bench_fused_codecs, "_timed", lambda fn, inner: (fn(), 1.0)[1])
+    monkeypatch.setattr(bench_fused_codecs, "_minor_faults", lambda: counter[0])
+    results = {r.codec: r for r in bench_fused_codecs.run(names, 4, 64, torch.float32, repeats=2, min_time=0.0)}
+    assert results[bench_fused_codecs.FLOOR.name].page_faults == 0
+    assert results["int8_channel"].page_faults == 10
+    assert bench_fused_codecs.markdown(list(results.values())).splitlines()[-1].endswith("| 10 |")
