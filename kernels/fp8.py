@@ -20,27 +20,32 @@ or the native 0x7C / 0xFC (e5m2). Every payload size follows from shape alone.
 Payload: ``codes`` (uint8 holding fp8 bit patterns, same shape as the input)
 and ``scales`` (float32, one per row). ``x_hat = fp8(codes) * scales[row]``.
 
-Calibrated scale (`Fp8Codec.calibration_parameters`, the aten form only):
-a row's scale needs the row's maximum before its first code, and Inductor's
-CPU code computes that maximum and the codes in two loops over all rows,
-so the value is read from memory a second time (2.2-2.5 copies of the
-value for fp8_e5m2 inside a compiled graph, against 0.9-1.1 for a plain
-one-byte cast; bench/RESULTS.md). A calibrated plan instead holds one power
-of two measured on the calibration batch (its largest finite |x| scaled into
-``[2**calibrated_top, 2**(calibrated_top+1))``, a few binades below the
+Calibrated scale (fp8_e5m2 only; `Fp8Codec.calibration_parameters`, the
+aten form only): a row's scale needs the row's maximum before its first
+code, and Inductor's CPU code computes that maximum and the codes in two
+loops over all rows, so the value is read from memory a second time
+(2.2-2.4 copies of the value for fp8_e5m2 inside a compiled graph,
+LayerNorm -> matmul, against 0.4-0.7 for a plain one-byte cast;
+bench/RESULTS.md). A calibrated plan instead holds one power of two
+measured on the calibration batch (its largest finite |x| scaled into
+``[2**calibrated_top, 2**(calibrated_top+1))``, ten binades below the
 per-row placement) and writes it as every row's scale: the codes are then
-elementwise, and Inductor writes them in the producer's own loop. The
-payload and the decompress are the same. The headroom is the price: a
-finite value more than ``saturation / 2**(calibrated_top+1)`` times the
-calibrated maximum (13-26x for e4m3, 1792-3584x for e5m2) saturates to the
-largest code the compress writes, ``±saturation`` (its error is then its
-excess; NaN and ±Inf keep their codes), and values far below the tensor's
-maximum meet the subnormal range sooner than with a scale per row (for e5m2
-only below 2**-18 of the maximum). The calibrate pass measures the error
-with the calibrated scale and drops the option above the declared bound,
-and the monitor measures it again during training
-(`adacc_compile.monitor`), so activations that outgrow the headroom show as
-drift and the replan measures a new scale.
+elementwise, and Inductor writes them in the producer's own loop (1.2-1.9
+copies in the same graphs). The payload and the decompress are the same.
+The headroom is the price: a finite value more than ``saturation /
+2**(calibrated_top+1)`` times the calibrated maximum (1792-3584x)
+saturates to ``±saturation`` (its error is then its excess; NaN and ±Inf
+keep their codes), and values far below the tensor's maximum meet the
+subnormal range sooner than with a scale per row (below 2**-18 of the
+maximum; the measured errors of the test families did not move in the
+fourth digit). The calibrate pass measures the error with the calibrated
+scale and drops the option above the declared bound, and the monitor
+measures it again during training (`adacc_compile.monitor`), so
+activations that outgrow the headroom show as drift and the replan
+measures a new scale. e4m3 takes none: its 15 binades leave little
+headroom, and with its values nearer the subnormal range torch's e4m3
+casts (which branch on subnormal lanes) made the calibrated form slower
+in the same graphs (3.9-4.4 copies against 2.8-3.0 per row).
 
 Error (relative Frobenius, checked by ``tests/kernels/test_fp8.py`` on
 Gaussian, LayerNorm, GELU/ReLU-output, Student-t and outlier-channel
@@ -108,12 +113,13 @@ class Fp8Format:
     neg_inf_code: int
     #: Declared relative Frobenius error on realistic activations.
     error_bound: float
-    #: A calibrated scale puts the calibration value's largest finite |x|
-    #: into [2**calibrated_top, 2**(calibrated_top+1)) (see the module docstring).
-    calibrated_top: int
     #: Largest magnitude a calibrated compress writes; finite values beyond
     #: it saturate. Below the reserved ±Inf codes (e4m3fn: 448; e5m2: Inf).
     saturation: float
+    #: A calibrated scale puts the calibration value's largest finite |x|
+    #: into [2**calibrated_top, 2**(calibrated_top+1)) (see the module
+    #: docstring); None: the format takes no calibrated scale.
+    calibrated_top: int | None = None
 
 
 E4M3 = Fp8Format(
@@ -126,7 +132,6 @@ E4M3 = Fp8Format(
     pos_inf_code=0x7E,
     neg_inf_code=0xFE,
     error_bound=0.03,
-    calibrated_top=3,
     saturation=416.0,
 )
 E5M2 = Fp8Format(
@@ -139,8 +144,8 @@ E5M2 = Fp8Format(
     pos_inf_code=0x7C,
     neg_inf_code=0xFC,
     error_bound=0.06,
-    calibrated_top=4,
     saturation=57344.0,
+    calibrated_top=4,
 )
 
 
@@ -201,6 +206,8 @@ def fp8_calibrated_scale(x: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
     ``[2**fmt.calibrated_top, 2**(fmt.calibrated_top+1))``; 1 when ``x``
     holds no finite non-zero value."""
     check_input(x, codec=fmt.name, dtypes=_DTYPES)
+    if fmt.calibrated_top is None:
+        raise ValueError(f"{fmt.name}: takes no calibrated scale")
     if x.numel() == 0:
         return torch.ones(1, dtype=torch.float32, device=x.device)
     a = x.detach().abs().float()
@@ -590,9 +597,13 @@ class Fp8Codec(OpCodec):
     def payload_spec(self, shape: Sequence[Any], dtype: torch.dtype) -> PayloadSpec:
         return fp8_payload_spec(shape, dtype)
 
-    def calibration_parameters(self, x: torch.Tensor) -> torch.Tensor:
+    def calibration_parameters(self, x: torch.Tensor) -> torch.Tensor | None:
         """The calibrated scale of ``x`` (`fp8_calibrated_scale`): with it
-        the compress is elementwise (see the module docstring)."""
+        the compress is elementwise (see the module docstring). None for
+        e4m3, which takes none."""
+        if self.fmt.calibrated_top is None:
+            check_input(x, codec=self.name, dtypes=_DTYPES)
+            return None
         return fp8_calibrated_scale(x, self.fmt)
 
     def aten_compress(self, x: torch.Tensor, parameters: torch.Tensor | None = None) -> list[torch.Tensor]:

@@ -309,11 +309,23 @@ def test_interpreted_non_contiguous_and_op_path(name: str, monkeypatch: pytest.M
 # ---------------------------------------------------------------- calibrated scale
 
 
+#: The formats whose codec takes a calibrated scale.
+CALIBRATED = ["fp8_e5m2"]
+
+
 def _scale(value: float) -> torch.Tensor:
     return torch.tensor([value], dtype=torch.float32)
 
 
-@pytest.mark.parametrize("name", FORMATS)
+def test_only_e5m2_takes_a_calibrated_scale() -> None:
+    x = torch.randn(4, 8)
+    assert get_codec("fp8_e4m3").calibration_parameters(x) is None
+    with pytest.raises(ValueError, match="takes no calibrated scale"):
+        fp8.fp8_calibrated_scale(x, fp8.E4M3)
+    assert [n for n in FORMATS if get_codec(n).calibration_parameters(x) is not None] == CALIBRATED
+
+
+@pytest.mark.parametrize("name", CALIBRATED)
 def test_calibrated_scale_places_the_finite_maximum_and_ignores_non_finite(name: str) -> None:
     fmt, codec = FORMATS[name], get_codec(name)
     x = _data((50, 70), torch.float32, seed=4)  # NaN and ±Inf planted
@@ -376,7 +388,7 @@ def test_calibrated_compress_is_the_references_bit_for_bit_eager_and_compiled(
     assert torch.equal(restored[inside], values[inside].to(fmt.torch_dtype).float())  # the cast's own rounding
 
 
-@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("name", CALIBRATED)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_calibrated_round_trip_within_declared_bound_on_realistic_activations(name: str, dtype: torch.dtype) -> None:
     """Calibrated on the value itself, as the calibrate pass does."""
@@ -389,7 +401,7 @@ def test_calibrated_round_trip_within_declared_bound_on_realistic_activations(na
         assert err <= codec.error_bound, (family, err)
 
 
-@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("name", CALIBRATED)
 def test_a_value_that_outgrows_its_calibration_saturates_and_measures_over_the_bound(name: str) -> None:
     """What the monitor measures (`Codec.calibrate` with the plan's
     parameters): a batch whose values grew far past the calibrated range
@@ -404,7 +416,7 @@ def test_a_value_that_outgrows_its_calibration_saturates_and_measures_over_the_b
     assert codec.calibrate([grown], codec.calibration_parameters(grown)).relative_error <= codec.error_bound
 
 
-@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("name", CALIBRATED)
 def test_calibrated_compress_reads_the_value_once(name: str) -> None:
     """No statistic of the value in the calibrated compress (the reason for
     the calibrated scale): its traced graph reduces nothing, while the
