@@ -46,11 +46,11 @@ import torch
 
 from .device_profile import DeviceProfile, measure_roofline
 
-CACHE_FORMAT = 5
+CACHE_FORMAT = 4
 """Bump when what is measured, or how, changes. 2: codec timings are of the
 aten form compiled by Inductor, measured lazily per (codec, dtype). 4:
 codec timings are their copies of the value at the profile's bandwidth
-(`codec_timing`). 5: fp8_e5m2 is timed with its calibrated scale."""
+(`codec_timing`)."""
 
 _IN_PROCESS: dict[str, DeviceProfile] = {}
 _REMEASURED: set[str] = set()
