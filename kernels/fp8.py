@@ -365,7 +365,7 @@ def aten_fp8_compress(x: torch.Tensor, fmt: Fp8Format, scale: torch.Tensor | Non
     else:
         # Saturated where finite (a finite x beyond the range may overflow
         # to ±Inf in the product, and saturates too); ±Inf and NaN pass.
-        product = v * (1.0 / scale)
+        product = v * aten_graphs.divide(1.0, scale)  # exact where Inductor compiles it (Triton too)
         scaled = torch.where(ok, product.clamp(-fmt.saturation, fmt.saturation), product)
         scales = scale.expand(rows).contiguous()
     if native_fp8_casts(x.device):
