@@ -57,7 +57,7 @@ def test_a_recompute_only_plan_below_every_mixed_plan_says_none():
 
 
 def _planned(name: str, activation_peaks: list[int]) -> VariantResult:
-    result = _result(name, 1, [1.0])
+    result = _result(name, 0, [1.0])  # planned, not measured: the predicted step peaks are matched
     result.reports = [
         {"summary": {"predicted_activation_peak_bytes": b, "codecs": {}, "activation_peak_fits_budget": True},
          "plan": []}
@@ -175,3 +175,20 @@ def test_rounds_plan_what_the_last_round_asked_and_stop_when_nothing_is_off():
         ("mixed/balanced at step peak of @0.4 [auto]", 3_000_000 - 500_000 - 100_000),
     ]
     assert step_matched_rounds([rec], matched, plan, rounds=0) == []
+
+
+def test_measured_step_peaks_are_matched_where_both_plans_were_measured():
+    """Recompute-only predicted 0.5 MB above its measured peak, the mixed
+    plan 0.09 MB above its own: on predictions it is 0.01 MB below (within
+    the tolerance) and stays; measured it is 0.4 MB above and is asked
+    again for 0.4 MB less."""
+    rec = _predicted(_planned("recompute-only @0.4 [auto]", [3_000_000]), 5_000_000)
+    rec.peak_bytes = 4_500_000
+    mixed = _predicted(_planned("mixed/aggressive at peak of @0.4 [auto]", [2_990_000]), 4_990_000)
+    mixed.peak_bytes = 4_900_000
+    again = step_matched_variants([rec], matched_variants([rec]), [mixed])
+    assert [(v.name, v.options["memory_budget"]) for v in again] == [
+        ("mixed/aggressive at step peak of @0.4 [auto]", 2_990_000 - 400_000),
+    ]
+    mixed.peak_bytes = 0  # not measured: both predicted, 0.01 MB apart
+    assert step_matched_variants([rec], matched_variants([rec]), [mixed]) == []
