@@ -29,10 +29,11 @@ at peak of @0.6 [auto]"): under one ratio budget recompute-only often lands
 below it and a mixed plan fills it, so the families' peaks differ; asked for
 recompute-only's own memory, a mixed plan is compared at equal memory.
 The budget bounds activations, though, and a step's peak also holds the
-gradients alive at its moment; so a matched plan whose predicted step
+gradients alive at its moment; so a matched plan whose measured step
 peak is off recompute-only's is planned again with its budget moved by
 the difference, up to ``--step-rounds`` times ("mixed/balanced at step
-peak of @0.6 [auto]").
+peak of @0.6 [auto]"; measured peaks, as the comparison is at equal
+measured memory: predicted ones differ from them by plan).
 
 "auto" is this machine's measured profile (codec costs timed from their
 compiled aten form, so the planner chooses by what Inductor's code costs here);
