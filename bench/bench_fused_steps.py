@@ -103,7 +103,8 @@ MATCHED = "at peak of "
 #: budget moved towards its recompute-only plan's measured step peak:
 #: "mixed/balanced at step peak of @0.4 [auto]".
 STEP_MATCHED = "at step peak of "
-#: Predicted step peaks closer than this fraction count as equal.
+#: Step peaks (measured, or predicted where a plan was not run) closer than
+#: this fraction count as equal.
 STEP_TOLERANCE = 0.005
 
 
