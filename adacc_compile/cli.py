@@ -49,7 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--no-fold", action="store_true",
                       help="trace every block (default: a deep stack of identical blocks is traced with three "
                            "and planned at its full depth)")
-    plan.add_argument("--solver-time-limit", type=float, default=30.0, help="HiGHS time limit, seconds")
+    plan.add_argument("--solver-time-limit", type=float, default=120.0,
+                      help="HiGHS time limit, seconds (a safety net: where it expires, plans may differ between runs)")
+    plan.add_argument("--solver-node-limit", type=int, default=1000,
+                      help="branch-and-bound nodes HiGHS may explore per solve (the same plan in every run)")
     return parser
 
 
@@ -81,6 +84,7 @@ def run_plan(args: argparse.Namespace, out: TextIO, *, fork: bool = False) -> in
         "device_profile": args.gpu,
         "accuracy": args.accuracy,
         "solver_time_limit_s": args.solver_time_limit,
+        "solver_node_limit": args.solver_node_limit,
         "calibrate_codecs": False,  # fake tensors: nothing to calibrate on
         "on_infeasible": "warn",
     }

@@ -114,8 +114,15 @@ class AdaccConfig:
     planner: str = "milp"
     """Decision policy: "milp" (HiGHS), "greedy", "recompute_all", "keep_all"."""
 
-    solver_time_limit_s: float = 30.0
-    """HiGHS time limit; on expiry the best incumbent is used, or greedy."""
+    solver_time_limit_s: float = 120.0
+    """HiGHS time limit, a safety net; on expiry the best incumbent is used
+    (with a warning: another process may stop elsewhere), or greedy."""
+
+    solver_node_limit: int = 1000
+    """Branch-and-bound nodes HiGHS may explore; at the limit its best plan
+    is used. The limit that keeps plans the same in every process: it stops
+    every solve at the same point, a time limit where the machine's load
+    lets it."""
 
     mip_rel_gap: float = 1e-4
     """Relative optimality gap at which HiGHS stops."""
@@ -270,7 +277,7 @@ class AdaccConfig:
         for name in ("solver_time_limit_s", "mip_rel_gap", "plan_check_timeout_s"):
             if name in options:
                 kwargs[name] = _positive_float(name, options[name])
-        for name in ("solver_threads", "adapt_every", "adapt_patience"):
+        for name in ("solver_threads", "solver_node_limit", "adapt_every", "adapt_patience"):
             if name in options:
                 kwargs[name] = _positive_int(name, options[name])
         for name in ("adapt_max_replans", "peak_fit_solves"):

@@ -169,7 +169,8 @@ def check_agreement(plan_hash: str, groups: Iterable[str], timeout_s: float) -> 
                 f"({listing}); their collectives would deadlock. Give every rank the same model, "
                 f"inputs and options; device_profile='calibrate'/'auto' is shared from the lowest "
                 f"rank, but a solver time limit that expires can still make plans differ "
-                f"(raise solver_time_limit_s)"
+                f"(raise solver_time_limit_s, or lower solver_node_limit, which stops every rank's "
+                f"solve at the same point)"
             )
     return tuple(ranks)
 

@@ -79,6 +79,7 @@ class PartitionState:
     def solver_options(self) -> SolverOptions:
         return SolverOptions(
             time_limit_s=self.config.solver_time_limit_s,
+            node_limit=self.config.solver_node_limit,
             mip_rel_gap=self.config.mip_rel_gap,
             threads=self.config.solver_threads,
             start=self.start_plan,

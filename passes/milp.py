@@ -59,7 +59,16 @@ TIE_BREAK = 1e-3
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SolverOptions:
-    time_limit_s: float = 30.0
+    time_limit_s: float = 120.0
+    """A safety net: where it expires, the plan depends on how fast the
+    machine ran the solve, and may differ between processes."""
+    node_limit: int = 1000
+    """Branch-and-bound nodes HiGHS may explore (``mip_max_nodes``). Unlike
+    the time limit it stops the search at the same point in every process
+    (one thread, a fixed seed): a 2-layer GPT's mixed plans at 0.39 of the
+    default's memory took 20-30 s a solve, and under a 30 s time limit the
+    same options planned two different plans in one process, by whether a
+    solve finished (bench/RESULTS.md)."""
     mip_rel_gap: float = 1e-4
     threads: int = 1
     lp_path: str | None = None
@@ -153,6 +162,7 @@ def solve_milp(
     model = _build(problem, minimize=minimize, time_cap_s=time_cap_s)
     highs = _quiet_highs()
     highs.setOptionValue("time_limit", float(options.time_limit_s))
+    highs.setOptionValue("mip_max_nodes", int(options.node_limit))
     highs.setOptionValue("mip_rel_gap", float(options.mip_rel_gap))
     highs.setOptionValue("threads", int(options.threads))
     highs.setOptionValue("random_seed", 0)
@@ -170,7 +180,7 @@ def solve_milp(
     elif status in (highspy.HighsModelStatus.kInfeasible,):
         return PlanSolution(choices={}, status="infeasible", solver="milp", solve_seconds=seconds)
     elif has_solution:
-        label = "time_limit" if status == highspy.HighsModelStatus.kTimeLimit else "feasible"
+        label = _STOPPED_WITH_A_PLAN.get(status, "feasible")
     else:
         return PlanSolution(
             choices={}, status=highs.modelStatusToString(status), solver="milp", solve_seconds=seconds
@@ -184,10 +194,19 @@ def solve_milp(
                 windows[var.candidate] = var.window
                 continue
             choices[var.candidate] = Choice(decision=var.decision, codec=var.codec)
+    notes = (f"started from {options.start_from}",) if started else ()
+    if label in ("node_limit", "time_limit"):
+        limit = f"node limit ({options.node_limit})" if label == "node_limit" else f"time limit ({options.time_limit_s:g} s)"
+        notes = (*notes, f"HiGHS stopped at its {limit}, {highs.getInfo().mip_gap:.2%} above its bound on the optimum")
     return PlanSolution(
-        choices=choices, status=label, solver="milp", solve_seconds=seconds, windows=windows,
-        notes=(f"started from {options.start_from}",) if started else (),
+        choices=choices, status=label, solver="milp", solve_seconds=seconds, windows=windows, notes=notes,
     )
+
+
+_STOPPED_WITH_A_PLAN = {
+    highspy.HighsModelStatus.kTimeLimit: "time_limit",
+    highspy.HighsModelStatus.kSolutionLimit: "node_limit",  # HiGHS's status for mip_max_nodes
+}
 
 
 def _set_start(highs: highspy.Highs, model: _Model, start: dict[str, Choice]) -> bool:

@@ -220,7 +220,8 @@ class Choice:
 class PlanSolution:
     choices: dict[str, Choice]
     status: str
-    """"optimal", "time_limit", "greedy", "heuristic", "infeasible"."""
+    """"optimal", "time_limit", "node_limit" (HiGHS stopped at a limit with
+    a plan), "feasible", "greedy", "heuristic", "infeasible"."""
     solver: str
     solve_seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)

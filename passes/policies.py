@@ -8,6 +8,7 @@ decisions and gives `bench/` its baselines for free (STYLE.md point 3).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import warnings
 from typing import Callable
 
@@ -17,18 +18,23 @@ from .plan_problem import Choice, PlanProblem, PlanSolution
 
 Policy = Callable[[PlanProblem, SolverOptions], PlanSolution]
 
+log = logging.getLogger(__name__)
+
 
 def milp_policy(problem: PlanProblem, options: SolverOptions) -> PlanSolution:
     """HiGHS; falls back to greedy (with a warning) when it stops without a
     feasible solution, e.g. on its time limit."""
     solution = solve_milp(problem, options)
-    if solution.status in ("optimal", "time_limit", "feasible", "infeasible"):
+    if solution.status in ("optimal", "time_limit", "node_limit", "feasible", "infeasible"):
         if solution.status == "time_limit":
             warnings.warn(
                 f"adacc: HiGHS hit its {options.time_limit_s:g} s time limit; using its best "
-                f"plan so far (raise solver_time_limit_s for an optimal one)",
+                f"plan so far, which another process may not reach (raise solver_time_limit_s, "
+                f"or lower solver_node_limit, {options.node_limit}, to stop at the same point in every process)",
                 stacklevel=2,
             )
+        elif solution.status == "node_limit":
+            log.info("adacc: %s; using its best plan (solver_node_limit)", solution.notes[-1])
         return solution
     warnings.warn(
         f"adacc: HiGHS stopped with status {solution.status!r} and no plan after "

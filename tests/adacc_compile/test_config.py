@@ -50,6 +50,7 @@ def test_unknown_option_names_the_valid_ones():
         ({"on_infeasible": "ignore"}, "on_infeasible"),
         ({"solver_time_limit_s": 0}, "positive"),
         ({"solver_threads": 0}, "positive int"),
+        ({"solver_node_limit": 0}, "solver_node_limit=0 must be a positive int"),
         ({"codecs": ["nope"]}, "unknown codec"),
         ({"adapt": "maybe"}, "adapt='maybe' must be a bool"),
         ({"adapt_every": 0}, "adapt_every=0 must be a positive int"),
@@ -60,6 +61,17 @@ def test_unknown_option_names_the_valid_ones():
 def test_bad_values(options, match):
     with pytest.raises(ValueError, match=match):
         AdaccConfig.from_options(options)
+
+
+def test_the_node_limit_reaches_the_solver():
+    import torch.fx as fx
+
+    from adacc_compile.state import PartitionState
+
+    config = AdaccConfig.from_options({"solver_node_limit": 7, "solver_time_limit_s": 9})
+    options = PartitionState(joint=fx.GraphModule({}, fx.Graph()), config=config, num_fwd_outputs=0).solver_options
+    assert (options.node_limit, options.time_limit_s) == (7, 9.0)
+    assert AdaccConfig().solver_node_limit > 0
 
 
 def test_ratio_resolves_against_baseline():

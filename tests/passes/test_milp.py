@@ -157,6 +157,42 @@ def test_solver_time_limit_warns_and_still_returns_a_legal_plan():
     assert check_solution(problem, solution) == []
 
 
+def _correlated_knapsack(n: int) -> PlanProblem:
+    """Every value kept or recomputed, recomputing costs its bytes plus a
+    constant: a knapsack whose LP bound is loose, so HiGHS branches."""
+    rng = random.Random(0)
+    sizes = [rng.randint(100, 1000) for _ in range(n)]
+    candidates = tuple(
+        Candidate(name=f"v{i}", keep_bytes=b, recompute_seconds=(b + 100) * 1e-6, required=True)
+        for i, b in enumerate(sizes)
+    )
+    return PlanProblem(candidates=candidates, budget_bytes=sum(sizes) // 2)
+
+
+def test_the_node_limit_stops_every_solve_at_the_same_plan():
+    """A time limit stops HiGHS where the machine's load lets it; the node
+    limit at the same place in every solve, so the plan is the same in
+    every process. Stopped there, the plan is legal, no better than the
+    optimum, and the policy uses it without a warning (the note says how
+    far from the bound it stopped)."""
+    import warnings
+
+    from adacc_compile.passes.policies import milp_policy
+
+    problem = _correlated_knapsack(30)
+    optimum = solve_milp(problem, SolverOptions(mip_rel_gap=0.0))
+    limited = [solve_milp(problem, SolverOptions(node_limit=2)) for _ in range(3)]
+    assert optimum.status == "optimal"
+    assert [s.status for s in limited] == ["node_limit"] * 3
+    assert limited[0].choices == limited[1].choices == limited[2].choices
+    assert check_solution(problem, limited[0]) == []
+    assert added_seconds(problem, limited[0]) >= added_seconds(problem, optimum) * (1 - 1e-9)
+    assert "node limit (2)" in limited[0].notes[-1] and "above its bound" in limited[0].notes[-1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert milp_policy(problem, SolverOptions(node_limit=2)).choices == limited[0].choices
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_a_start_plan_never_changes_the_optimum(seed):
     """Re-plans start HiGHS from the plan they replace: from the optimum
