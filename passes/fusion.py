@@ -44,6 +44,10 @@ The rules (`Realization`):
   kernel earlier where that frees its input (a GPT attention's copy of V
   runs with those of Q and K when the QKV projection is not saved, 2 MiB
   below the model at d_model 256, measured), so the model may over-predict.
+  Following it in the graph was tried: in another plan Inductor wrote V's
+  copy after the attention's dropout instead (Q's and K's kernel there
+  also computed the causal mask), 2 MiB over such a model (bench/RESULTS.md,
+  2026-12-06).
   On CPU the generated kernels between two external calls form one C++
   function whose outputs are all allocated before it runs and whose dead
   inputs are freed after it (`kernel_group_ends`). The reorder may move a
