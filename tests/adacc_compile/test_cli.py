@@ -255,3 +255,24 @@ def test_graph_break_before_the_loss_is_a_clear_error(capsys):
                            "--batch", "1", "--seq", "8", "--dtype", "fp32")
     assert code == 2 and out == ""
     assert "graph break before it" in err and "TORCH_LOGS=graph_breaks" in err
+
+
+def test_solver_limits_reach_the_plans_options(monkeypatch, capsys):
+    """``--solver-node-limit`` and ``--solver-time-limit`` become the
+    config's options; a node limit of 0 is refused with the option's name."""
+    seen = []
+
+    def record(options):
+        seen.append(dict(options))
+        raise ValueError("stop after the options")
+
+    monkeypatch.setattr(cli, "resolve_model", lambda name, tp: None)
+    monkeypatch.setattr(cli.AdaccConfig, "from_options", staticmethod(record))
+    required = ("any-model", "--gpu", "h100", "--budget", "0.5", "--batch", "1", "--seq", "8")
+    code, _, err = _plan(capsys, *required, "--solver-node-limit", "7", "--solver-time-limit", "9")
+    assert code == 2 and "stop after the options" in err
+    assert (seen[0]["solver_node_limit"], seen[0]["solver_time_limit_s"]) == (7, 9.0)
+    monkeypatch.undo()
+    monkeypatch.setattr(cli, "resolve_model", lambda name, tp: None)
+    code, _, err = _plan(capsys, *required, "--solver-node-limit", "0")
+    assert code == 2 and "solver_node_limit=0 must be a positive int" in err
