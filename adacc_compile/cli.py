@@ -49,9 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--no-fold", action="store_true",
                       help="trace every block (default: a deep stack of identical blocks is traced with three "
                            "and planned at its full depth)")
-    plan.add_argument("--solver-time-limit", type=float, default=120.0,
+    defaults = AdaccConfig()  # the backend's own defaults, stated once
+    plan.add_argument("--solver-time-limit", type=float, default=defaults.solver_time_limit_s,
                       help="HiGHS time limit, seconds (a safety net: where it expires, plans may differ between runs)")
-    plan.add_argument("--solver-node-limit", type=int, default=1000,
+    plan.add_argument("--solver-node-limit", type=int, default=defaults.solver_node_limit,
                       help="branch-and-bound nodes HiGHS may explore per solve (the same plan in every run)")
     return parser
 
