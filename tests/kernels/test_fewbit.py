@@ -12,6 +12,7 @@ runner in test_int_outlier.py, which takes both files in one process).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -80,15 +81,58 @@ def test_constants_are_recomputed_by_the_fit(name: str) -> None:
 
 @pytest.mark.parametrize("name", TABLES)
 def test_codes_pick_the_nearest_level_to_the_exact_derivative(name: str) -> None:
-    """Breakpoints and steps agree with the levels: each x gets the level closest to f'(x)."""
-    table = TABLES[name]
+    """Layout and levels agree: each x gets the level closest to f'(x)."""
+    table, layout = TABLES[name], fewbit.LAYOUTS[name]
     x = torch.linspace(-8, 8, 200001)
     codes = fewbit._torch_codes(table, x)
+    assert int(codes.max()) < fewbit.NAN_CODE
+    picked = torch.tensor(layout.code_levels, dtype=torch.float64)[codes.long()]
     levels = torch.tensor(table.levels, dtype=torch.float64)
-    nearest = (table.derivative(x).unsqueeze(1) - levels).abs().argmin(dim=1)
-    disagree = x[codes != nearest]
+    nearest = levels[(table.derivative(x).unsqueeze(1) - levels).abs().argmin(dim=1)]
+    disagree = x[picked != nearest]
     # Only within float32 rounding of a breakpoint.
     assert all(min(abs(float(v) - b) for b in table.breakpoints) < 1e-5 for v in disagree)
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_layout_gives_the_tables_level_everywhere_but_at_negative_breakpoints(name: str) -> None:
+    """The sign-magnitude codes stand for the table's own function of x: on
+    both sides of every breakpoint, at ±0 and ±Inf; at ``x = -b`` exactly the
+    layout takes the outer interval (|x| >= b), the table the inner one."""
+    table, layout = TABLES[name], fewbit.LAYOUTS[name]
+    edges = torch.tensor(table.breakpoints)
+    off = torch.cat([edges.nextafter(torch.tensor(-math.inf)), edges.nextafter(torch.tensor(math.inf))])
+    x = torch.cat([edges, off, torch.tensor([0.0, -0.0, math.inf, -math.inf, 1e30, -1e30])])
+    codes = fewbit._torch_codes(table, x).tolist()
+    for value, code in zip(x.tolist(), codes):
+        expected = fewbit._table_level(table, value)
+        if value < 0 and value in table.breakpoints:  # the outer neighbour's level
+            expected = fewbit._table_level(table, math.nextafter(value, -math.inf))
+        assert layout.code_levels[code] == expected, (value, code)
+    assert fewbit._torch_codes(table, torch.tensor([math.nan])).tolist() == [fewbit.NAN_CODE]
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_class_planes_rebuild_every_code(name: str) -> None:
+    """The aten compress sums each bit of the magnitude class from
+    `CodeLayout.class_planes` and takes the side from one comparison; on both
+    sides of every breakpoint and at ±Inf those bits give the code."""
+    table, layout = TABLES[name], fewbit.LAYOUTS[name]
+    edges = torch.tensor(table.breakpoints)
+    x = torch.cat([edges, torch.nextafter(edges, torch.tensor(-math.inf)), torch.tensor([-math.inf, math.inf])])
+    code = torch.zeros(x.shape, dtype=torch.int32)
+    for b, (first, changes) in enumerate(layout.class_planes):
+        bit = first + sum(change * (x.abs() >= edge).int() for change, edge in zip(changes, layout.magnitude_breakpoints))
+        code |= bit << b
+    code |= (~(x < layout.magnitude_breakpoints[0])).int() << 2
+    assert torch.equal(code, fewbit._torch_codes(table, x).int())
+
+
+def test_layout_refuses_tables_it_cannot_code() -> None:
+    """Breakpoints not symmetric about 0 have no sign-magnitude layout."""
+    lopsided = dataclasses.replace(fewbit.SILU, breakpoints=(-0.9, -0.5, -0.1, 0.2, 0.5, 0.9))
+    with pytest.raises(ValueError, match="not symmetric"):
+        fewbit.code_layout(lopsided)
 
 
 # ---------------------------------------------------------------- reference + ops
@@ -104,29 +148,15 @@ def test_decompress_returns_the_derivative_with_limits(name: str) -> None:
     assert set(out[1:].tolist()) <= set(table.levels)
 
 
-@pytest.mark.parametrize("name", TABLES)
-def test_plane_steps_rebuild_every_code(name: str) -> None:
-    """The aten compress sums each bit of the code from `plane_steps`; on
-    both sides of every breakpoint and at ±Inf those bits give the code."""
-    table = TABLES[name]
-    edges = torch.tensor(table.breakpoints)
-    x = torch.cat([edges, torch.nextafter(edges, torch.tensor(-math.inf)), torch.tensor([-math.inf, math.inf])])
-    code = torch.zeros(x.shape, dtype=torch.int32)
-    for b, (first, changes) in enumerate(fewbit.plane_steps(table)):
-        bit = first + sum(change * (x >= edge).int() for change, edge in zip(changes, table.breakpoints))
-        code |= bit << b
-    assert torch.equal(code, fewbit._torch_codes(table, x).int())
-
-
 def test_known_bytes_plane_major() -> None:
-    """SiLU codes 7 (NaN), 6 (+Inf), 0 (-Inf), 3 (0.0); ten of them pad to
-    16 codes viewed as [8, 2]: bit b of code 2j + i is bit j of byte i of
-    plane b."""
+    """SiLU codes 7 (NaN), 6 (+Inf: side 1, class 2), 2 (-Inf), 3 (0.0: the
+    centre class); ten of them pad to 16 codes viewed as [8, 2]: bit b of
+    code 2j + i is bit j of byte i of plane b."""
     nan, inf = float("nan"), float("inf")
     x = torch.tensor([nan, inf, -inf, 0.0, inf, nan, -inf, 0.0, inf, 0.0])
     (planes,) = fewbit.torch_fewbit_silu_compress(x)
-    # byte 0 holds codes 7, 0, 6, 0, 6 (bits 0..4), byte 1 codes 6, 3, 7, 3, 3
-    assert planes.tolist() == [[0b00001, 0b11110], [0b10101, 0b11111], [0b10101, 0b00101]]
+    # byte 0 holds codes 7, 2, 6, 2, 6 (bits 0..4), byte 1 codes 6, 3, 7, 3, 3
+    assert planes.tolist() == [[0b00001, 0b11110], [0b11111, 0b11111], [0b10101, 0b00101]]
 
 
 @pytest.mark.parametrize("name", TABLES)
