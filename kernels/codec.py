@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -158,6 +158,13 @@ class Codec:
         `calibration_parameters` measured (codecs that take none ignore it)."""
         raise NotImplementedError
 
+    def calibration_refusal(self, stats: CodecStats) -> str | None:
+        """Why statistics measured on a real value (`calibrate`) put it
+        outside the range where the declared bound holds, or None (the
+        default: the measured error decides alone). The calibrate pass drops
+        a refused option as it drops one over its bound."""
+        return None
+
     def calibration_parameters(self, x: torch.Tensor) -> torch.Tensor | None:
         """Parameters of this codec measured on a real value ``x``, or None
         (the default: the codec takes none).
@@ -196,6 +203,27 @@ class Codec:
     ) -> torch.Tensor:
         """Decompress written for Inductor (see `aten_compress`)."""
         return self.decompress_op(list(payload), list(shape), dtype)
+
+    @property
+    def replaced_op(self) -> Any:
+        """For a `DecompressKind.DERIVATIVE` codec: the aten activation
+        backward (an ``OpOverload``, ``(grad, x) -> grad of x``) that the
+        rewrite replaces with the gradient times the decompressed derivative;
+        None for a codec that returns the value. Inductor's decomposition
+        table splits these ops into erf/exp products before a partitioner
+        sees the joint graph, so under ``backend="adacc"`` no value has one
+        as its reader and the codec is not offered there (under
+        ``adacc_eager`` it is)."""
+        return None
+
+    def replaced_backward(self, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """`replaced_op` applied: the gradient of the activation's input. Its
+        time is credited against the codec's decompress in the cost model
+        (`adacc_compile.passes.codec_timing`): the backward runs either way,
+        only its form changes."""
+        if self.replaced_op is None:
+            raise NotImplementedError(f"{self.name}: its decompress returns the value; it replaces no backward")
+        return self.replaced_op(grad, x)
 
     def compress_workspace_nbytes(
         self, shape: Sequence[int], dtype: torch.dtype, device_type: str

@@ -63,12 +63,18 @@ def codec_key(name: str, dtype: torch.dtype, form: GraphForm = GraphForm.ATEN, *
     return f"{base}@{implementation_digest(name)}"
 
 
+#: Files of this package whose source is part of every codec's digest: how
+#: a codec is timed (a derivative codec is credited the backward it replaces).
+TIMED_BY = ("codec_timing.py",)
+
+
 @functools.lru_cache(maxsize=None)
 def implementation_digest(name: str) -> str:
     """A short digest of the code a codec's timing depends on: its module
-    (torch reference, aten form, Triton kernels) and the shared aten-form
-    helpers."""
+    (torch reference, aten form, Triton kernels), the shared aten-form
+    helpers and the timing itself (`TIMED_BY`)."""
     files = {inspect.getsourcefile(type(get_codec(name))), inspect.getsourcefile(aten_graphs)}
+    files |= {str(pathlib.Path(__file__).with_name(f)) for f in TIMED_BY}
     digest = hashlib.sha256()
     for path in sorted(f for f in files if f):
         digest.update(pathlib.Path(path).read_bytes())

@@ -52,3 +52,57 @@ def test_a_measured_profile_passes_its_bandwidth_to_the_codec_timing(monkeypatch
     profile = device_profile.DeviceProfile(name="calibrated cpu", memory_bytes_per_s=12.5e9)
     codec_options.codec_seconds(get_codec("int8_channel"), (64, 1024), torch.float32, profile)
     assert measured == [12.5e9]
+
+
+def test_a_derivative_codec_is_credited_the_backward_it_replaces():
+    """Only what the product with the gradient adds over the activation
+    backward counts; a product cheaper than that backward leaves the compress."""
+    slower = codec_timing.CodecTiming(
+        compress_s=3e-3, decompress_s=2e-3, replaced_s=1.5e-3, copy_s=1e-3, numel=1000, itemsize=4
+    )
+    assert slower.added_s == pytest.approx(3.5e-3) and slower.copies == pytest.approx(3.5)
+    faster = codec_timing.CodecTiming(
+        compress_s=3e-3, decompress_s=1e-3, replaced_s=4e-3, copy_s=1e-3, numel=1000, itemsize=4
+    )
+    assert faster.added_s == pytest.approx(3e-3) and faster.seconds_per_element == pytest.approx(3e-6)
+
+
+@pytest.mark.parametrize("name", ["fewbit_gelu", "fewbit_silu"])
+def test_the_derivative_round_trip_times_what_the_rewrite_puts_in_the_backward(name):
+    """Decompress is timed as gradient times derivative, and the replaced
+    activation backward computes what eager's does; a value codec replaces none."""
+    codec = get_codec(name)
+    sample = codec_timing.sample_input(codec, torch.float32, "cpu", (16, 64)) * 6 - 3
+    grad = codec_timing.sample_gradient(sample)
+    compress, decompress = codec_timing.compiled_round_trip(codec, sample)
+    restored = decompress(compress(sample))
+    assert torch.equal(restored, grad * codec.decompress(codec.compress(sample)))
+    replaced = codec_timing.replaced_backward(codec, sample)
+    (exact,) = replaced()
+    x = sample.clone().requires_grad_()
+    act = torch.nn.functional.gelu if name == "fewbit_gelu" else torch.nn.functional.silu
+    act(x).backward(grad)
+    torch.testing.assert_close(exact, x.grad)
+    assert codec_timing.replaced_backward(get_codec("int8_channel"), sample) is None
+
+
+def test_a_codec_is_retimed_when_how_it_is_timed_changes(monkeypatch):
+    """The timing's source is part of every codec's digest: an edit of it
+    gives every codec a new key, so cached timings are measured afresh."""
+    from pathlib import Path
+
+    from adacc_compile.passes import codec_form
+
+    before = codec_form.implementation_digest("int8_channel")
+    read = Path.read_bytes
+
+    def edited(path):
+        data = read(path)
+        return data + b"# edited" if path.name == Path(codec_timing.__file__).name else data
+
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    codec_form.implementation_digest.cache_clear()
+    try:
+        assert codec_form.implementation_digest("int8_channel") != before
+    finally:
+        codec_form.implementation_digest.cache_clear()
