@@ -13,8 +13,9 @@ worse (heavier outliers, a skew that wastes half of a symmetric range, a
 softmax that is not peaked). The forward is run once on the real inputs;
 every lossy option of every candidate is round-tripped on its real value
 (`Codec.calibrate`, on up to `SAMPLE_ELEMENTS` elements of whole rows); an
-option whose measured error exceeds the codec's declared bound is dropped
-before the MILP sees it, and the statistics (error, SQNR, abs max, outlier channels) go into the plan and ``plan.json``.
+option whose measured error exceeds the codec's declared bound, or whose
+statistics the codec refuses (`Codec.calibration_refusal`: few-bit codes of
+inputs far below unit std), is dropped before the MILP sees it, and the statistics (error, SQNR, abs max, outlier channels) go into the plan and ``plan.json``.
 A codec that takes parameters (`Codec.calibration_parameters`: int8_smooth's
 channel factors) has them measured here on the whole value, and its error
 measured with them; the compress rewrite puts them into the compiled graph
@@ -239,8 +240,9 @@ def _measure(value: str, codec_name: str, x: torch.Tensor) -> OptionCalibration:
             accepted=False, reason=f"{type(exc).__name__}: {exc}",
         )
     error = stats.relative_error
-    accepted = math.isfinite(error) and error <= codec.error_bound
-    reason = "" if accepted else f"measured error {error:.4g} > declared bound {codec.error_bound}"
+    refusal = codec.calibration_refusal(stats)
+    accepted = math.isfinite(error) and error <= codec.error_bound and refusal is None
+    reason = "" if accepted else refusal or f"measured error {error:.4g} > declared bound {codec.error_bound}"
     return OptionCalibration(
         value=value, codec=codec_name, stats=stats, declared_bound=codec.error_bound,
         accepted=accepted, reason=reason, parameters=parameters,

@@ -148,6 +148,23 @@ def test_decompress_returns_the_derivative_with_limits(name: str) -> None:
     assert set(out[1:].tolist()) <= set(table.levels)
 
 
+@pytest.mark.parametrize("name", TABLES)
+def test_calibration_refuses_inputs_far_below_unit_std(name: str) -> None:
+    """At std 0.08 the derivative's error is within the declared bound, but
+    the option is refused (the calibrate pass drops it); at std 1 it is not."""
+    from adacc_compile.passes import calibrate
+
+    codec = get_codec(name)
+    x = torch.randn(4096, 64, generator=torch.Generator().manual_seed(0))
+    small = codec.calibrate([x * 0.08])
+    assert small.relative_error <= codec.error_bound
+    assert "input std 0.08" in codec.calibration_refusal(small)
+    assert codec.calibration_refusal(codec.calibrate([x])) is None
+    refused = calibrate._measure("h", name, x * 0.08)
+    assert not refused.accepted and "input std" in refused.reason
+    assert calibrate._measure("h", name, x).accepted
+
+
 def test_known_bytes_plane_major() -> None:
     """SiLU codes 7 (NaN), 6 (+Inf: side 1, class 2), 2 (-Inf), 3 (0.0: the
     centre class); ten of them pad to 16 codes viewed as [8, 2]: bit b of
