@@ -233,8 +233,16 @@ def inductor_compile(
     config_patches: dict[str, Any],
     *,
     pinned_meta_key: str | None = None,
+    whole_ops: Sequence[Any] = (),
 ) -> Callable[..., Any]:
     """Inductor behind AOTAutograd with ``config_patches``.
+
+    ``whole_ops``: aten ops the joint graph keeps whole (Inductor's
+    decompositions less these): the activation backwards a few-bit codec
+    replaces (`Codec.replaced_op`), which Inductor's table decomposes into
+    erf and exp products that no rewrite could recognise. Inductor has no
+    lowering for them, so whatever the plan leaves of them must be
+    decomposed before its graphs reach Inductor (`decompose_whole_ops`).
 
     With ``pinned_meta_key``, a scheduler node built from a graph node whose
     ``meta`` holds that key is fused with another kernel only if the two
@@ -248,16 +256,53 @@ def inductor_compile(
     first call, so that both graphs are compiled under the guard on this
     thread (Inductor's choices handler is thread-local)."""
     from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.decomposition import select_decomp_table
 
+    decompositions = None
+    if whole_ops:
+        decompositions = {op: fn for op, fn in select_decomp_table().items() if op not in set(whole_ops)}
     if pinned_meta_key is None:
-        return compile_fx(gm, example_inputs, config_patches=config_patches)
+        return compile_fx(gm, example_inputs, config_patches=config_patches, decompositions=decompositions)
     import torch._functorch.config as functorch_config
     from torch._inductor.virtualized import V
 
     with functorch_config.patch(force_non_lazy_backward_lowering=True), V.set_choices_handler(
         _PinnedNodesStay(V.choices, pinned_meta_key)
     ):
-        return compile_fx(gm, example_inputs, config_patches=config_patches)
+        return compile_fx(gm, example_inputs, config_patches=config_patches, decompositions=decompositions)
+
+
+def decompose_whole_ops(gm: fx.GraphModule, ops: Sequence[Any]) -> int:
+    """Every call of one of ``ops`` in ``gm`` replaced by its decomposition
+    in Inductor's table, traced on the call's fake values (`trace_aten`), in
+    place; returns how many calls it replaced. See `inductor_compile`'s
+    ``whole_ops``."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    table = select_decomp_table()
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in set(ops) and n.target in table]
+    for node in calls:
+        tensors = [a for a in node.args if isinstance(a, fx.Node)]
+        if len(tensors) != len(node.args) or not all(isinstance(a.meta.get("val"), torch.Tensor) for a in tensors):
+            raise ValueError(f"{node.format_node()}: only tensor arguments can be decomposed here")
+        target, kwargs = node.target, dict(node.kwargs)
+        traced = trace_aten(lambda *args: (target(*args, **kwargs),), [a.meta["val"] for a in tensors])
+        env: dict[fx.Node, Any] = dict(zip([p for p in traced.graph.nodes if p.op == "placeholder"], tensors))
+        with gm.graph.inserting_before(node):
+            for index, inner in enumerate(n for n in traced.graph.nodes if n.op == "call_function"):
+                copy = gm.graph.create_node(
+                    "call_function", inner.target, fx.map_arg(inner.args, env.__getitem__),
+                    fx.map_arg(inner.kwargs, env.__getitem__), name=f"{node.name}_d{index}",
+                )
+                copy.meta.update({k: node.meta[k] for k in ("stack_trace", "seq_nr") if k in node.meta})
+                copy.meta["val"] = inner.meta.get("val")
+                env[inner] = copy
+        (result,) = next(n for n in traced.graph.nodes if n.op == "output").args[0]
+        node.replace_all_uses_with(env[result])
+        gm.graph.erase_node(node)
+    if calls:
+        gm.recompile()
+    return len(calls)
 
 
 class _PinnedNodesStay:

@@ -19,6 +19,8 @@ import torch.fx as fx
 
 from adacc_compile import compat
 from adacc_compile.config import AdaccConfig
+from adacc_compile.passes.codec_options import allowed_codecs
+from adacc_compile.passes.compress_rewrite import replaced_ops
 from adacc_compile.passes.device_profile import profile_by_name
 from adacc_compile.passes.fusion import PLACED, Realization, mark_placed
 from adacc_compile.pipeline import run_pipeline
@@ -142,12 +144,21 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             patches: dict[str, Any] = {"custom_partitioner_fn": self}
             if not self.config.inductor_buffer_reuse:  # frees at last use, as the plan's model does
                 patches["allow_buffer_reuse"] = False
-            compiled = compat.inductor_compile(gm, example_inputs, patches, pinned_meta_key=PLACED)
+            compiled = compat.inductor_compile(
+                gm, example_inputs, patches, pinned_meta_key=PLACED, whole_ops=self.whole_ops()
+            )
         if len(self.reports) == planned:  # no backward: nothing held
             return compiled, False
         summary = self.reports[-1]["summary"]
         holding = Holding(self.graph_index, summary["planned_saved_bytes"], summary["default_saved_bytes"])
         return tracked(compiled, holding), True
+
+    def whole_ops(self) -> tuple[Any, ...]:
+        """The activation backwards the joint graph keeps whole: those a
+        codec this config may plan replaces (`Codec.replaced_op`). Empty
+        for plans without few-bit codecs, whose joint graphs stay as
+        Inductor decomposes them."""
+        return replaced_ops(allowed_codecs(self.config.accuracy, self.config.codecs))
 
     def backend(self, *, eager: bool = False) -> Callable[..., Any]:
         """``torch.compile(model, backend=partitioner.backend())``: the same

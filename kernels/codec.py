@@ -211,9 +211,9 @@ class Codec:
         rewrite replaces with the gradient times the decompressed derivative;
         None for a codec that returns the value. Inductor's decomposition
         table splits these ops into erf/exp products before a partitioner
-        sees the joint graph, so under ``backend="adacc"`` no value has one
-        as its reader and the codec is not offered there (under
-        ``adacc_eager`` it is)."""
+        sees the joint graph, where no rewrite could find them again; so
+        while the options allow such a codec the joint graph keeps them
+        whole (`AdaccPartitioner.whole_ops`, `compat.inductor_compile`)."""
         return None
 
     def replaced_backward(self, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

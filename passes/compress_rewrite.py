@@ -59,13 +59,13 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 import torch
 import torch.fx as fx
 
 from adacc_compile import compat
-from adacc_compile.kernels import Codec, DecompressKind, get_codec
+from adacc_compile.kernels import Codec, DecompressKind, available_codecs, get_codec
 from adacc_compile.kernels.aten_graphs import codec_graphs, graph_outputs
 
 from .codec_form import GraphForm, graph_form
@@ -304,6 +304,13 @@ def _insert_decompress(
     else:
         saved.replace_all_uses_with(restored)
     graph.erase_node(saved)
+
+
+def replaced_ops(codecs: Iterable[Codec] | None = None) -> tuple[Any, ...]:
+    """The aten activation backwards that ``codecs`` (default: every
+    registered codec) replace (`Codec.replaced_op`), without repeats."""
+    pool = [get_codec(name) for name in available_codecs()] if codecs is None else codecs
+    return tuple(dict.fromkeys(op for op in (codec.replaced_op for codec in pool) if op is not None))
 
 
 def _first_non_placeholder(graph: fx.Graph) -> fx.Node:

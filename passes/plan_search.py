@@ -37,7 +37,7 @@ from adacc_compile import compat
 
 from .budget import BudgetResolution, clamp_to_minimum, modelled_peak
 from .candidates import CandidateSet
-from .compress_rewrite import apply_compression
+from .compress_rewrite import apply_compression, replaced_ops
 from .depth_fold import DepthFold
 from .device_profile import DeviceProfile
 from .fusion import Realization
@@ -453,6 +453,9 @@ def _split(
         fw, bw, solution, num_fwd_outputs=context.num_fwd_outputs, realize=context.mode is Realization.INDUCTOR,
         parameters=context.codec_parameters, profile=context.profile,
     )
+    if context.mode is Realization.INDUCTOR:  # what no few-bit codec replaced, as Inductor's table has it
+        for module in (fw, bw):
+            compat.decompose_whole_ops(module, replaced_ops())
     timeline = simulate_step(
         fw, bw, num_fwd_outputs=context.num_fwd_outputs, forward_names=context.forward_names,
         mode=context.mode, charged_inputs=context.charged_inputs,

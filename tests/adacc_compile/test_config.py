@@ -126,8 +126,8 @@ def test_inductor_buffer_reuse_reaches_inductors_config(monkeypatch, options, re
 
     seen = {}
 
-    def fake_compile(gm, example_inputs, config_patches, *, pinned_meta_key=None):
-        seen.update(config_patches, pinned=pinned_meta_key)
+    def fake_compile(gm, example_inputs, config_patches, *, pinned_meta_key=None, whole_ops=()):
+        seen.update(config_patches, pinned=pinned_meta_key, whole_ops=whole_ops)
         return gm
 
     monkeypatch.setattr(compat, "inductor_compile", fake_compile)
@@ -137,5 +137,6 @@ def test_inductor_buffer_reuse_reaches_inductors_config(monkeypatch, options, re
     assert seen["custom_partitioner_fn"] is partitioner
     assert seen.get("allow_buffer_reuse", True) is reuse
     assert seen["pinned"] == "adacc_placed"
+    assert seen["whole_ops"] == ()  # lossless: no few-bit codec, Inductor's decompositions
     with pytest.raises(ValueError):
         AdaccConfig.from_options({"inductor_buffer_reuse": "sometimes"})
