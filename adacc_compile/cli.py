@@ -25,6 +25,7 @@ import torch
 
 from adacc_compile.config import AdaccConfig
 from adacc_compile.model_source import ModelNotFound, ModelSource, resolve_model
+from adacc_compile.partitioner import whole_ops
 from adacc_compile.passes.device_profile import BUILTIN_PROFILES
 
 ACCURACY_MODES = ("lossless", "balanced", "aggressive")
@@ -97,7 +98,9 @@ def run_plan(args: argparse.Namespace, out: TextIO, *, fork: bool = False) -> in
     dtype = plan_preview.DTYPES[args.dtype]
     progress.start(f"tracing {source.label} (batch {args.batch}, seq {args.seq}) under fake tensors")
     fold = not args.no_fold
-    traced = plan_preview.trace(source, batch=args.batch, seq=args.seq, dtype=dtype, fold=fold)
+    traced = plan_preview.trace(
+        source, batch=args.batch, seq=args.seq, dtype=dtype, fold=fold, whole_ops=whole_ops(config)
+    )
     progress.done()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*reachable minimum.*")
@@ -135,7 +138,8 @@ def _reachable_minimum(
     model's bound, so it is what that plan would hold)."""
     from adacc_compile import plan_preview
 
-    state = plan_preview.plan(plan_preview.trace(source, batch=batch, seq=seq, dtype=dtype, fold=fold), config)
+    traced = plan_preview.trace(source, batch=batch, seq=seq, dtype=dtype, fold=fold, whole_ops=whole_ops(config))
+    state = plan_preview.plan(traced, config)
     return int(state.report["summary"]["predicted_activation_peak_bytes"])
 
 

@@ -396,13 +396,16 @@ def fake_tensors() -> Any:
     return FakeTensorMode()
 
 
-def capture_joint_graph(model: torch.nn.Module, inputs: Sequence[Any]) -> CapturedJoint:
+def capture_joint_graph(
+    model: torch.nn.Module, inputs: Sequence[Any], *, whole_ops: Sequence[Any] = ()
+) -> CapturedJoint:
     """Traces ``model(*inputs)`` with Dynamo and AOTAutograd (the graph
     ``torch.compile`` would partition) and stops at the partitioner, so
     nothing is compiled or run. ``model`` and ``inputs`` are normally fake
     (`fake_tensors`). Only Dynamo's first graph is traced: a model that
     returns its loss from one graph (no graph break before it) is planned
-    whole; `joint_outputs_scalar` tells the caller whether that held."""
+    whole; `joint_outputs_scalar` tells the caller whether that held.
+    ``whole_ops``: as in `inductor_compile` (the options' few-bit codecs)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._inductor.decomposition import select_decomp_table
 
@@ -421,8 +424,8 @@ def capture_joint_graph(model: torch.nn.Module, inputs: Sequence[Any]) -> Captur
     def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
         aot = aot_autograd(
             fw_compiler=never_called, bw_compiler=never_called, partition_fn=partition,
-            decompositions=select_decomp_table(),  # as Inductor traces it
-        )
+            decompositions={op: fn for op, fn in select_decomp_table().items() if op not in set(whole_ops)},
+        )  # as Inductor traces it
         # The partitioner raises out of the backend, so Dynamo stops before
         # it builds the frame's guards (a second or more on a 7B model).
         aot(gm, example_inputs)

@@ -43,6 +43,14 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
+def whole_ops(config: AdaccConfig) -> tuple[Any, ...]:
+    """The activation backwards the joint graph keeps whole under
+    ``config``: those a codec it may plan replaces (`Codec.replaced_op`).
+    Empty for plans without few-bit codecs, whose joint graphs stay as
+    Inductor decomposes them."""
+    return replaced_ops(allowed_codecs(config.accuracy, config.codecs))
+
+
 class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
     """Plans saved activations for one joint graph under ``config``."""
 
@@ -154,11 +162,8 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         return tracked(compiled, holding), True
 
     def whole_ops(self) -> tuple[Any, ...]:
-        """The activation backwards the joint graph keeps whole: those a
-        codec this config may plan replaces (`Codec.replaced_op`). Empty
-        for plans without few-bit codecs, whose joint graphs stay as
-        Inductor decomposes them."""
-        return replaced_ops(allowed_codecs(self.config.accuracy, self.config.codecs))
+        """`whole_ops` of this partitioner's config."""
+        return whole_ops(self.config)
 
     def backend(self, *, eager: bool = False) -> Callable[..., Any]:
         """``torch.compile(model, backend=partitioner.backend())``: the same

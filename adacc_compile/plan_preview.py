@@ -37,7 +37,7 @@ import dataclasses
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.fx as fx
@@ -142,11 +142,17 @@ def attention_as_on_a_gpu() -> Iterator[None]:
         functional.scaled_dot_product_attention = original
 
 
-def trace(source: ModelSource, *, batch: int, seq: int, dtype: torch.dtype, fold: bool = False) -> Traced:
+def trace(
+    source: ModelSource, *, batch: int, seq: int, dtype: torch.dtype, fold: bool = False,
+    whole_ops: Sequence[Any] = (),
+) -> Traced:
     """The model's joint graph at ``(batch, seq)`` token ids, built and traced
     under fake tensors in ``dtype``. With ``fold``, a model deeper than
     `FOLD_TRACE_BLOCKS` blocks is traced with that many and planned at its
-    full depth (`depth_fold`), where its source can build it shallower."""
+    full depth (`depth_fold`), where its source can build it shallower.
+    ``whole_ops``: the ops the plan's options keep whole
+    (`partitioner.whole_ops`), so the joint graph is the one
+    ``torch.compile`` would plan with those options."""
     copies = 0
     if fold and source.layers is not None and source.with_layers is not None and source.layers > FOLD_TRACE_BLOCKS:
         copies = source.layers - FOLD_TRACE_BLOCKS
@@ -162,7 +168,7 @@ def trace(source: ModelSource, *, batch: int, seq: int, dtype: torch.dtype, fold
         ids = torch.zeros(batch, seq, dtype=torch.long)
         parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     with attention_as_on_a_gpu():
-        joint = compat.capture_joint_graph(model, (ids, ids))
+        joint = compat.capture_joint_graph(model, (ids, ids), whole_ops=whole_ops)
     if not compat.joint_outputs_scalar(joint):
         raise GraphBreakBeforeLoss(
             f"{source.label}: Dynamo's first graph does not end in the loss (a graph break before it); "

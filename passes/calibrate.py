@@ -15,7 +15,9 @@ every lossy option of every candidate is round-tripped on its real value
 (`Codec.calibrate`, on up to `SAMPLE_ELEMENTS` elements of whole rows); an
 option whose measured error exceeds the codec's declared bound, or whose
 statistics the codec refuses (`Codec.calibration_refusal`: few-bit codes of
-inputs far below unit std), is dropped before the MILP sees it, and the statistics (error, SQNR, abs max, outlier channels) go into the plan and ``plan.json``.
+inputs far below unit std), is dropped before the MILP sees it, and the
+statistics (error, SQNR, abs max, outlier channels) go into the plan and
+``plan.json``.
 A codec that takes parameters (`Codec.calibration_parameters`: int8_smooth's
 channel factors) has them measured here on the whole value, and its error
 measured with them; the compress rewrite puts them into the compiled graph

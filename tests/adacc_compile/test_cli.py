@@ -276,3 +276,25 @@ def test_solver_limits_reach_the_plans_options(monkeypatch, capsys):
     monkeypatch.setattr(cli, "resolve_model", lambda name, tp: None)
     code, _, err = _plan(capsys, *required, "--solver-node-limit", "0")
     assert code == 2 and "solver_node_limit=0 must be a positive int" in err
+
+
+@pytest.mark.parametrize("accuracy, kept", [("lossless", False), ("aggressive", True)])
+def test_the_trace_keeps_the_ops_the_options_few_bit_codecs_replace(monkeypatch, capsys, accuracy, kept):
+    """The CLI traces the joint graph ``torch.compile`` would plan with the
+    same options: with few-bit codecs allowed, the GELU/SiLU backwards whole."""
+    import torch
+
+    from adacc_compile import plan_preview
+
+    seen = []
+
+    def record(source, **kwargs):
+        seen.append(kwargs["whole_ops"])
+        raise ValueError("stop after the trace's arguments")
+
+    monkeypatch.setattr(cli, "resolve_model", lambda name, tp: type("Source", (), {"label": name})())
+    monkeypatch.setattr(plan_preview, "trace", record)
+    required = ("any-model", "--gpu", "h100", "--budget", "0.5", "--batch", "1", "--seq", "8")
+    code, _, err = _plan(capsys, *required, "--accuracy", accuracy)
+    assert code == 2 and "stop after the trace's arguments" in err
+    assert (torch.ops.aten.gelu_backward.default in seen[0]) is kept

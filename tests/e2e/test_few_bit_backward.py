@@ -121,3 +121,26 @@ def test_an_aggressive_plan_that_compresses_nothing_gives_eager_gradients():
     assert not _codecs_used(partitioner)
     assert not any(ACTIVATION_BACKWARD_CALL.search(code) for code in codes)
     assert_same(expected, actual, rel=INDUCTOR_REL)
+
+
+def test_the_captured_joint_graph_keeps_the_ops_it_is_given():
+    """`compat.capture_joint_graph` (``adacc plan``'s trace) with and
+    without the GELU backward kept whole, on fake tensors."""
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return (torch.nn.functional.gelu(self.fc(x)) - y).pow(2).mean()
+
+    aten = torch.ops.aten
+    targets = {}
+    for kept in ((), (aten.gelu_backward.default,)):
+        with compat.fake_tensors():
+            model, x = Block(), torch.randn(4, 8)
+        joint = compat.capture_joint_graph(model, (x, x), whole_ops=kept)
+        targets[kept] = {n.target for n in joint.gm.graph.nodes}
+    assert aten.gelu_backward.default in targets[(aten.gelu_backward.default,)]
+    assert aten.gelu_backward.default not in targets[()]
