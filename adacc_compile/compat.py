@@ -260,7 +260,8 @@ def inductor_compile(
 
     decompositions = None
     if whole_ops:
-        decompositions = {op: fn for op, fn in select_decomp_table().items() if op not in set(whole_ops)}
+        whole = set(whole_ops)
+        decompositions = {op: fn for op, fn in select_decomp_table().items() if op not in whole}
     if pinned_meta_key is None:
         return compile_fx(gm, example_inputs, config_patches=config_patches, decompositions=decompositions)
     import torch._functorch.config as functorch_config
@@ -279,8 +280,8 @@ def decompose_whole_ops(gm: fx.GraphModule, ops: Sequence[Any]) -> int:
     ``whole_ops``."""
     from torch._inductor.decomposition import select_decomp_table
 
-    table = select_decomp_table()
-    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in set(ops) and n.target in table]
+    table, wanted = select_decomp_table(), set(ops)
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in wanted and n.target in table]
     for node in calls:
         tensors = [a for a in node.args if isinstance(a, fx.Node)]
         if len(tensors) != len(node.args) or not all(isinstance(a.meta.get("val"), torch.Tensor) for a in tensors):
@@ -410,6 +411,7 @@ def capture_joint_graph(
     from torch._inductor.decomposition import select_decomp_table
 
     captured: list[CapturedJoint] = []
+    whole = set(whole_ops)
 
     def partition(gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         captured.append(CapturedJoint(inductor_joint_graph_passes(gm, joint_inputs), joint_inputs, kwargs))
@@ -424,7 +426,7 @@ def capture_joint_graph(
     def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
         aot = aot_autograd(
             fw_compiler=never_called, bw_compiler=never_called, partition_fn=partition,
-            decompositions={op: fn for op, fn in select_decomp_table().items() if op not in set(whole_ops)},
+            decompositions={op: fn for op, fn in select_decomp_table().items() if op not in whole},
         )  # as Inductor traces it
         # The partitioner raises out of the backend, so Dynamo stops before
         # it builds the frame's guards (a second or more on a 7B model).

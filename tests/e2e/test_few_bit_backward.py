@@ -59,7 +59,10 @@ def test_the_joint_graph_keeps_the_backwards_a_planned_codec_replaces():
     assert AdaccPartitioner(AdaccConfig()).whole_ops() == ()  # lossless: as Inductor decomposes
     assert AdaccPartitioner(AdaccConfig(accuracy="balanced")).whole_ops() == ()
     aggressive = AdaccPartitioner(AdaccConfig(accuracy="aggressive")).whole_ops()
-    assert set(aggressive) == {aten.gelu_backward.default, aten.silu_backward.default}
+    # silu_backward: not until the memory model follows it whole (MODELLED_WHOLE_OPS)
+    assert aggressive == (aten.gelu_backward.default,)
+    silu_only = AdaccConfig(accuracy="aggressive", codecs=("fewbit_silu",))
+    assert AdaccPartitioner(silu_only).whole_ops() == ()
     only_int8 = AdaccConfig(accuracy="aggressive", codecs=("int8_channel",))
     assert AdaccPartitioner(only_int8).whole_ops() == ()
     gelu_only = AdaccConfig(accuracy="aggressive", codecs=("fewbit_gelu",))
@@ -87,14 +90,13 @@ def test_a_whole_op_is_decomposed_in_place_with_the_same_values(op):
     assert compat.decompose_whole_ops(gm, [target]) == 0
 
 
-@pytest.mark.parametrize(
-    "model_name,codec", [("mlp", "fewbit_gelu"), pytest.param("llama", "fewbit_silu", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("model_name,codec", [("mlp", "fewbit_gelu")])
 def test_a_few_bit_plan_under_inductor_is_fused_and_within_its_bound(model_name, codec):
-    """The MLP's GELU inputs and Llama's SwiGLU gates are read by their
-    activation's backward alone: a compress-only plan restricted to the
-    few-bit codec uses it, the codec and the product reach the generated
-    code as Inductor kernels, and no activation backward is left."""
+    """The MLP's GELU inputs are read by their activation's backward alone:
+    a compress-only plan restricted to the few-bit codec uses it, the codec
+    and the product reach the generated code as Inductor kernels, and no
+    activation backward is left. (fewbit_silu: `adacc_eager` only, see
+    `partitioner.MODELLED_WHOLE_OPS`.)"""
     model, batch = build(model_name)
     model = _unit_scale(model)
     expected = loss_and_grads(model, model, *batch)
