@@ -3,10 +3,11 @@
 Inductor's decomposition table splits ``gelu_backward``/``silu_backward``
 into erf, exp and products before a partitioner sees the joint graph, so a
 few-bit codec, which replaces that backward, had no reader to replace: it
-was never offered under ``backend="adacc"``. The joint graph now keeps those
-ops whole while the config may plan a few-bit codec
-(`AdaccPartitioner.whole_ops`), and the split graphs decompose what the plan
-left of them (`compat.decompose_whole_ops`) before Inductor lowers them.
+was never offered under ``backend="adacc"``. The joint graph now keeps
+``gelu_backward`` whole while the config may plan ``fewbit_gelu``
+(`partitioner.whole_ops`; ``silu_backward`` waits for the memory model,
+`partitioner.MODELLED_WHOLE_OPS`), and the split graphs decompose what the
+plan left of it (`compat.decompose_whole_ops`) before Inductor lowers them.
 """
 
 from __future__ import annotations
