@@ -73,7 +73,6 @@ from .device_profile import DeviceProfile
 from .plan_problem import Decision, PlanSolution
 from .storage_order import inverse, storage_permutation
 
-_ACTIVATION_BACKWARD = ("gelu_backward", "silu_backward")
 
 DECOMPRESSED = "adacc_decompressed"
 """Meta key on every backward node that makes (or restores the layout of) a
@@ -318,11 +317,9 @@ def _first_non_placeholder(graph: fx.Graph) -> fx.Node:
 
 
 def _replace_activation_backward(graph: fx.Graph, node: fx.Node, derivative: fx.Node) -> None:
-    short = str(node.target).split(".")[-2] if "." in str(node.target) else str(node.target)
-    if short not in _ACTIVATION_BACKWARD:
-        raise ValueError(
-            f"few-bit codec output read by {node.target}; only {_ACTIVATION_BACKWARD} may read it"
-        )
+    allowed = replaced_ops()
+    if node.target not in allowed:
+        raise ValueError(f"few-bit codec output read by {node.target}; only {allowed} may read it")
     with graph.inserting_before(node):
         product = graph.create_node(
             "call_function", torch.ops.aten.mul.Tensor, (node.args[0], derivative),
