@@ -15,7 +15,6 @@ import pytest
 import torch
 import torch._inductor.config as inductor_config
 
-from adacc_compile.kernels import available_codecs
 from adacc_compile.measure import measure_peak_bytes
 from adacc_examples.models import GPT, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
 from adacc_test_utils import compile_with_reports
@@ -96,12 +95,6 @@ def test_a_compress_only_plan_with_backward_only_views_is_predicted(views_early)
     batch = gpt_batch(model.cfg, 4, torch.Generator().manual_seed(0))
     options = {
         "memory_budget": 0.4, "accuracy": "aggressive", "allow_recompute": False, "device_profile": "h100",
-        # Without the few-bit codecs the joint graph holds GELU's backward as
-        # Inductor decomposes it, the graph this test is about. With them the
-        # plan also compresses the GELU inputs (7.84 MB measured, not 9.35)
-        # and its step peak moves into the forward, which the model puts
-        # 0.29 MB high at the attention (as without them: bench/RESULTS.md).
-        "codecs": tuple(name for name in available_codecs() if not name.startswith("fewbit")),
         "place_backward_only_views_early": views_early,
         # computed values moved early move views too: off in the joint-order case
         "place_backward_only_early": views_early,

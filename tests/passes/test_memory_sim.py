@@ -395,6 +395,27 @@ def test_a_fallback_dropout_gets_a_copy_of_a_fused_input_and_its_other_reader_re
     assert simulated == measured
 
 
+def _fallback_dropout_then_two_written_values(s, v):
+    # The dropout's output is unused (its mask is what a GPT keeps); the
+    # kernel group after it writes two values for the matmuls.
+    _, mask = torch.ops.aten.native_dropout.default(s, 0.1, True)
+    y = s * mask * 1.11
+    z = torch.sin(s)
+    return ((y @ v).sum() + (z @ v).sum(),)
+
+
+def test_an_extern_calls_unused_output_is_freed_before_the_next_kernel_group():
+    """The wrapper frees a fallback's outputs that no ``getitem`` takes right
+    after the call, not when the next C++ kernel group returns."""
+    inputs = [torch.randn(64, 1024), torch.randn(1024, 64)]
+    simulated, measured = _simulated_and_measured_under_inductor(
+        _fallback_dropout_then_two_written_values, inputs, {"fallback_random": True}
+    )
+    nbytes = inputs[0].numel() * 4
+    assert measured < 3 * nbytes + inputs[0].numel()  # never the output, y and z at once
+    assert simulated == measured
+
+
 _REALIZE = compat.realize_op()
 
 
