@@ -74,6 +74,7 @@ import torch
 import torch.fx as fx
 
 from adacc_compile import compat
+from adacc_compile.compat import concrete_int
 
 from .annotate import META_KEY, annotation, input_bytes
 from .compress_rewrite import DECOMPRESSED
@@ -110,6 +111,16 @@ _SCATTERS_INTO_A_COPY = frozenset({
 #: (a select between their two inputs): fused like any pointwise op (the
 #: RoPE backward's scatters of the even and odd halves into zeros).
 _POINTWISE_LOWERINGS = frozenset({"aten.slice_scatter", "aten.select_scatter"})
+#: Ops whose lowering writes their pointwise result to a buffer at once
+#: (``realize()``), which Inductor's scheduler then drops where every
+#: kernel reading it is fused into the one that writes it: Inductor's own
+#: random numbers (``prims.inductor_random``, what dropout becomes without
+#: ``fallback_random``). A GPT's forward compares them into its dropout
+#: mask in that kernel (no buffer: modelled as one, a compress-only step
+#: was predicted 4.3 MiB over the allocator's peak at d_model 256); a
+#: backward that recomputes the mask for the product before a matmul and
+#: for the dropout's gradient after it writes them (4 MiB, measured).
+_REALISED_BY_THEIR_LOWERING = frozenset({"prims.inductor_random"})
 #: Fallback ops whose lowering constrains an input to the FX graph's strides
 #: (``constrain_to_fx_strides``): a pointwise input that is not yet written
 #: is *copied* into a buffer for the op alone (``ExternKernel.copy_input``),
@@ -293,6 +304,8 @@ def materialised(
     consumers = list(consumers)
     if mode is Realization.INDUCTOR and _fill_needs_no_buffer(node, consumers):
         return False
+    if mode is Realization.INDUCTOR and memo is not None and op_name(node) in _REALISED_BY_THEIR_LOWERING:
+        return _kept_by_the_scheduler(node, consumers, memo)
     if mode is Realization.EAGER or not is_pointwise(node):
         return True
     if any(c.op == "output" for c in consumers):
@@ -306,6 +319,31 @@ def materialised(
     if key not in memo:
         memo[key] = realised_by_lowering(node, consumers, mode, memo)
     return memo[key]
+
+
+def _kept_by_the_scheduler(node: fx.Node, consumers: list[fx.Node], memo: dict) -> bool:
+    """A value its lowering realised (`_REALISED_BY_THEIR_LOWERING`) keeps
+    its buffer unless every kernel reading it fuses into its own: none runs
+    past a matmul or another op that cannot share the kernel, and each
+    loops over as many elements (a mask broadcast over a batch is read by
+    a larger kernel, which Inductor does not fuse with the smaller one)."""
+    if not consumers or any(c.op == "output" for c in consumers):
+        return True
+    readers = _reading_kernels(consumers)
+    size = _loop_size(node)
+    if any(_loop_size(r) != size for r in readers if r.op == "call_function" and not is_view_op(r)):
+        return True
+    if "positions" not in memo:
+        memo["positions"] = {n: i for i, n in enumerate(node.graph.nodes)}
+    return _read_past_a_kernel_boundary(node, readers, memo["positions"])
+
+
+def _loop_size(node: fx.Node) -> int | None:
+    """Elements ``node``'s kernel loops over: its output's, or for a
+    reduction its largest input's."""
+    inputs = node.all_input_nodes if _op_class(node) is OpClass.REDUCTION else [node]
+    sizes = [concrete_int(value.numel()) for value in map(tensor_value, inputs) if value is not None]
+    return max(sizes, default=None)
 
 
 def realised_by_lowering(node: fx.Node, consumers: list[fx.Node], mode: Realization, memo: dict) -> bool:

@@ -416,6 +416,59 @@ def test_an_extern_calls_unused_output_is_freed_before_the_next_kernel_group():
     assert simulated == measured
 
 
+def _inductor_dropout_mask(x, w, *, read_after_the_matmul: bool):
+    # As a dropout without ``fallback_random``: Inductor's own random numbers
+    # compared into a mask, which is written (an output here, a saved value
+    # in a GPT) and read by a product before a matmul; or, as a backward that
+    # recomputes the mask, inlined into products before and after it.
+    import torch._inductor.inductor_prims  # noqa: F401  (registers the prims)
+
+    seeds = torch.ops.prims.inductor_seeds.default(1, x.device)
+    seed = torch.ops.prims.inductor_lookup_seed.default(seeds, 0)
+    rows, cols = x.shape
+    keep = torch.ops.prims.inductor_random.default([rows, 2 * cols], seed, "rand") > 0.1
+    keep = keep[:, :cols]  # a product of another size, so no buffer is reused for it
+    y = (x * keep) @ w
+    if read_after_the_matmul:
+        return ((y.sum() * x * keep).sum(),)
+    return (y.sum(), keep)
+
+
+def test_inductors_random_numbers_are_written_only_where_a_kernel_past_a_matmul_reads_them():
+    """``prims.inductor_random`` is realised by its lowering, and the
+    scheduler drops that buffer when its readers fuse into its kernel."""
+    import functools
+
+    inputs = [torch.randn(64, 512), torch.randn(512, 16)]
+    random_bytes = 2 * inputs[0].numel() * 4
+    for late_reader in (False, True):
+        fn = functools.partial(_inductor_dropout_mask, read_after_the_matmul=late_reader)
+        simulated, measured = _simulated_and_measured_under_inductor(fn, inputs, {"fallback_random": False})
+        assert simulated == measured, late_reader
+        # the mask (one byte an element) and the product, with the random numbers or not
+        assert (measured >= random_bytes) == late_reader, measured
+
+
+def _random_numbers_broadcast_into_a_larger_product(x, w):
+    import torch._inductor.inductor_prims  # noqa: F401
+
+    seeds = torch.ops.prims.inductor_seeds.default(1, x.device)
+    seed = torch.ops.prims.inductor_lookup_seed.default(seeds, 0)
+    keep = torch.ops.prims.inductor_random.default(list(x.shape[1:]), seed, "rand") > 0.1
+    return (((x * keep) @ w).sum(),)
+
+
+def test_random_numbers_read_by_a_kernel_of_another_size_are_written():
+    """A kernel over more elements (the mask broadcast over a batch) does
+    not fuse with the random numbers' kernel: they keep their buffer."""
+    inputs = [torch.randn(4, 64, 1024), torch.randn(1024, 16)]
+    simulated, measured = _simulated_and_measured_under_inductor(
+        _random_numbers_broadcast_into_a_larger_product, inputs, {"fallback_random": False}
+    )
+    assert measured >= inputs[0].numel() * 4 * 5 // 4  # the product and the random numbers
+    assert 0 <= simulated - measured <= 8  # the model writes the looked-up seed (8 bytes), Inductor inlines it
+
+
 _REALIZE = compat.realize_op()
 
 
