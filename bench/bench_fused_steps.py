@@ -2,7 +2,7 @@
 
     python bench/bench_fused_steps.py [--models gpt llama] [--budgets 0.5 0.4]
         [--profiles auto h100] [--repeats 25] [--threads 1] [--no-matched]
-        [--out-dir bench/results]
+        [--inductor-rng] [--out-dir bench/results]
 
 The default budgets are where recompute-only still fits but must recompute
 matmul outputs on the default models (2-6 of them; its reachable minimum
@@ -304,6 +304,14 @@ def at_equal_or_lower_peak(results: list[VariantResult]) -> str:
     return "\n".join(rows)
 
 
+def inductor_patches(inductor_rng: bool) -> dict[str, bool]:
+    """Inductor's config for the steps: ATen's dropout (``fallback_random``,
+    so that lossless variants agree on the loss) unless ``inductor_rng``,
+    the setting of training outside tests, where Inductor draws dropout's
+    random numbers in its own kernels (the memory model follows both)."""
+    return {"fallback_random": not inductor_rng}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["gpt", "llama"])
@@ -322,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="times a matched mixed plan whose step peak (measured) is off its recompute-only "
                              "plan's is asked again (0: never; a later round replaces the earlier plan, and "
                              "on the Llama @0.4 a second round overshot: bench/RESULTS.md)")
+    parser.add_argument("--inductor-rng", action="store_true",
+                        help="dropout through Inductor's own random numbers (the default outside tests and "
+                             "benchmarks) instead of ATen's (fallback_random, the default here: lossless "
+                             "variants then agree on the loss)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import torch._inductor.config as inductor_config
@@ -334,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         gen = torch.Generator().manual_seed(0)
         batches = [gpt_batch(cfg, args.batch, gen) for _ in range(2)]
         planned = variants(args.budgets, args.profiles)
-        with inductor_config.patch(fallback_random=True), warnings.catch_warnings():
+        with inductor_config.patch(inductor_patches(args.inductor_rng)), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if args.matched:  # plan recompute-only first, for its simulated peaks
                 first = run_variants(model, batches, [v for v in planned if v.name.startswith("recompute-only")],
@@ -363,13 +375,15 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"## Fused codecs, measured training steps — {datetime.date.today()} — {platform.machine()} CPU, "
         f"{os.cpu_count()} cores (shared), {args.threads} thread(s), torch {torch.__version__}\n\n"
-        f"Command: `{command}`\n"
+        f"Command: `{command}`\n\n"
+        f"Dropout: {'Inductor' if args.inductor_rng else 'ATen'}'s random numbers "
+        f"(fallback_random={not args.inductor_rng})\n"
     )
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "fused_steps.md"), "w") as f:
         f.write(header + "\n" + "\n\n".join(sections) + "\n")
     with open(os.path.join(args.out_dir, "fused_steps.json"), "w") as f:
-        json.dump({"command": command, "results": raw}, f, indent=1)
+        json.dump({"command": command, "fallback_random": not args.inductor_rng, "results": raw}, f, indent=1)
     return 0
 
 

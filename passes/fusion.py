@@ -29,7 +29,10 @@ The rules (`Realization`):
   be materialised too, except for a fallback that copies it
   (``native_dropout`` under ``fallback_random``: `copies_its_input`), while
   its other readers still inline it, and for a functional scatter's first
-  input, which the scatter's copy computes. Views never allocate. A value fused into the one op
+  input, which the scatter's copy computes. Inductor's own random numbers
+  (``prims.inductor_random``) are written only where a kernel that cannot
+  be fused with theirs reads them (`_REALISED_BY_THEIR_LOWERING`; in the
+  plan's linear model, always). Views never allocate. A value fused into the one op
   that reads it reads its own inputs where that op's kernel runs
   (`memory_sim`). Inductor's lowering also writes a fusible value with
   several readers whose inlined computation reads more than a few buffers
@@ -74,7 +77,6 @@ import torch
 import torch.fx as fx
 
 from adacc_compile import compat
-from adacc_compile.compat import concrete_int
 
 from .annotate import META_KEY, annotation, input_bytes
 from .compress_rewrite import DECOMPRESSED
@@ -255,6 +257,7 @@ def kernel_group_ends(nodes: list[fx.Node]) -> dict[int, int]:
 
 
 def _takes_an_extern_output(node: fx.Node) -> bool:
+    """A ``getitem`` of an external call's outputs (`kernel_group_ends`)."""
     source = node.args[0] if node.op == "call_function" and node.args else None
     return (
         getattr(node.target, "__name__", "") == "getitem"
@@ -323,26 +326,47 @@ def materialised(
 
 def _kept_by_the_scheduler(node: fx.Node, consumers: list[fx.Node], memo: dict) -> bool:
     """A value its lowering realised (`_REALISED_BY_THEIR_LOWERING`) keeps
-    its buffer unless every kernel reading it fuses into its own: none runs
-    past a matmul or another op that cannot share the kernel, and each
-    loops over as many elements (a mask broadcast over a batch is read by
-    a larger kernel, which Inductor does not fuse with the smaller one)."""
+    its buffer unless its readers' kernels fuse with its own where it
+    stands: none waits for a matmul or another op that cannot share a
+    kernel placed after it in the graph (a backward's recomputed dropout
+    mask, read by the softmax gradient after the recomputed scores' matmul:
+    written by a kernel of its own before that matmul, 4 MiB at d_model
+    256, measured), and each loops over as many elements (a mask broadcast
+    over a batch is read by a larger kernel, which Inductor does not fuse
+    with the smaller one). Readers of one row sum and one product with it
+    fuse: no buffer."""
     if not consumers or any(c.op == "output" for c in consumers):
         return True
-    readers = _reading_kernels(consumers)
+    readers = [r for r in _reading_kernels(consumers) if r.op == "call_function" and not is_view_op(r)]
     size = _loop_size(node)
-    if any(_loop_size(r) != size for r in readers if r.op == "call_function" and not is_view_op(r)):
+    if any(_loop_size(r) != size for r in readers):
         return True
     if "positions" not in memo:
         memo["positions"] = {n: i for i, n in enumerate(node.graph.nodes)}
-    return _read_past_a_kernel_boundary(node, readers, memo["positions"])
+    position = memo["positions"]
+    return any(_waits_for_a_boundary_after(r, position[node], position) for r in readers)
+
+
+def _waits_for_a_boundary_after(reader: fx.Node, start: int, position: dict[fx.Node, int]) -> bool:
+    """Does ``reader`` depend on an op no kernel can absorb (a matmul, a
+    custom op) that stands after position ``start``?"""
+    stack, seen = list(reader.all_input_nodes), set()
+    while stack:
+        arg = stack.pop()
+        if arg in seen or position.get(arg, -1) <= start:
+            continue
+        seen.add(arg)
+        if arg.op == "call_function" and not (is_view_op(arg) or absorbs_producer(arg)):
+            return True
+        stack.extend(arg.all_input_nodes)
+    return False
 
 
 def _loop_size(node: fx.Node) -> int | None:
     """Elements ``node``'s kernel loops over: its output's, or for a
     reduction its largest input's."""
     inputs = node.all_input_nodes if _op_class(node) is OpClass.REDUCTION else [node]
-    sizes = [concrete_int(value.numel()) for value in map(tensor_value, inputs) if value is not None]
+    sizes = [compat.concrete_int(value.numel()) for value in map(tensor_value, inputs) if value is not None]
     return max(sizes, default=None)
 
 

@@ -12,6 +12,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "bench"))
 from bench_fused_steps import (  # noqa: E402
     at_equal_or_lower_peak,
     fits_budget,
+    inductor_patches,
     matched_variants,
     paired_ratio,
     recompute_only_of,
@@ -192,3 +193,8 @@ def test_measured_step_peaks_are_matched_where_both_plans_were_measured():
     ]
     mixed.peak_bytes = 0  # not measured: both predicted, 0.01 MB apart
     assert step_matched_variants([rec], matched_variants([rec]), [mixed]) == []
+
+
+def test_dropout_uses_atens_random_numbers_unless_inductors_are_asked_for():
+    assert inductor_patches(False) == {"fallback_random": True}
+    assert inductor_patches(True) == {"fallback_random": False}

@@ -449,6 +449,35 @@ def test_inductors_random_numbers_are_written_only_where_a_kernel_past_a_matmul_
         assert (measured >= random_bytes) == late_reader, measured
 
 
+def _random_mask_read_by_a_row_sum_and_a_product(x, w, *, after_a_matmul: bool):
+    # As a backward that recomputes a dropout mask in the softmax gradient:
+    # the masked value is inlined into a row sum and into the product with
+    # it, which (as there) may also read a matmul's output computed after
+    # the mask in the graph.
+    import torch._inductor.inductor_prims  # noqa: F401
+
+    seeds = torch.ops.prims.inductor_seeds.default(1, x.device)
+    seed = torch.ops.prims.inductor_lookup_seed.default(seeds, 0)
+    masked = x * (torch.ops.prims.inductor_random.default(list(x.shape), seed, "rand") > 0.1)
+    other = (x @ w) @ w.t() if after_a_matmul else x
+    return (((masked - masked.sum(-1, keepdim=True) * other) @ w).sum(),)
+
+
+def test_random_numbers_read_after_a_later_matmul_are_written():
+    """Inductor computes the random numbers where they stand: readers that
+    wait for a matmul placed after them cannot share their kernel, and the
+    numbers are written (once the row sum and the product fuse with them)."""
+    import functools
+
+    inputs = [torch.randn(64, 1024), torch.randn(1024, 16)]
+    nbytes = inputs[0].numel() * 4
+    for after_a_matmul in (False, True):
+        fn = functools.partial(_random_mask_read_by_a_row_sum_and_a_product, after_a_matmul=after_a_matmul)
+        simulated, measured = _simulated_and_measured_under_inductor(fn, inputs, {"fallback_random": False})
+        assert (measured >= 2 * nbytes) == after_a_matmul, measured  # the random numbers and another value
+        assert 0 <= simulated - measured <= 8, after_a_matmul  # the model writes the looked-up seed (8 bytes)
+
+
 def _random_numbers_broadcast_into_a_larger_product(x, w):
     import torch._inductor.inductor_prims  # noqa: F401
 
