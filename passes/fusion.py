@@ -120,8 +120,8 @@ _POINTWISE_LOWERINGS = frozenset({"aten.slice_scatter", "aten.select_scatter"})
 #: ``fallback_random``). A GPT's forward compares them into its dropout
 #: mask in that kernel (no buffer: modelled as one, a compress-only step
 #: was predicted 4.3 MiB over the allocator's peak at d_model 256); a
-#: backward that recomputes the mask for the product before a matmul and
-#: for the dropout's gradient after it writes them (4 MiB, measured).
+#: backward that recomputes the mask for the softmax gradient, which runs
+#: after the recomputed scores' matmul, writes them (4 MiB, measured).
 _REALISED_BY_THEIR_LOWERING = frozenset({"prims.inductor_random"})
 #: Fallback ops whose lowering constrains an input to the FX graph's strides
 #: (``constrain_to_fx_strides``): a pointwise input that is not yet written
