@@ -47,10 +47,13 @@ def _source_digest() -> str:
 #: The replaced activation backwards the memory model has been checked on
 #: when kept whole. ``silu_backward`` is not among them: kept whole, a
 #: 2-layer Llama's compress-only plan at 0.4 (d_model 256) measured 23.72
-#: MiB against 23.06 predicted (0.66 MiB, one byte per element of an FFN
-#: gate, under the plan's budget model; 25.97 / 25.97 with the op
-#: decomposed, bench/RESULTS.md), so fewbit_silu stays an ``adacc_eager``
-#: codec until the model follows that graph.
+#: MiB against 23.06 predicted (25.97 / 25.97 with the op decomposed,
+#: bench/RESULTS.md): the forward's SiLU output, which that plan codes, is
+#: never written by Inductor, which writes the product with the up
+#: projection to a new buffer while the gate is alive; the model reuses
+#: the gate's buffer twice, one FFN buffer short at the forward's peak. So
+#: fewbit_silu stays an ``adacc_eager`` codec until the model follows that
+#: graph.
 MODELLED_WHOLE_OPS = (torch.ops.aten.gelu_backward.default,)
 
 
