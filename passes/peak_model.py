@@ -14,8 +14,9 @@ changes is which values are alive between them:
 * a kept value is alive from the boundary to its last need;
 * a recomputed value from its first need to its last need (its bytes:
   `Lifetime.backward_bytes`, 0 when fused into its readers or a view);
-* a compressed value's payload until its first need, then the decompressed
-  value until its last need;
+* a compressed value's payload until its first direct read (or, with none,
+  its last possible need), and the decompressed value from its first need
+  to its last;
 
 where a value is *needed* at the positions of the backward nodes that read
 it, and, through every recomputed value computed from it, at that value's
@@ -28,7 +29,17 @@ of a decision and these is bounded below by the usual ``x + y - 1``. Every
 bound pushes an auxiliary variable up only where the plan needs it, and the
 memory rows push them down, so the model's peak is an upper bound on the
 simulated one; it over-estimates where a value is needed early through one
-user and read directly later (it is then counted alive in between).
+user and read directly later (it is then counted alive in between, and a
+compressed value's payload with it).
+
+No bound or row subtracts an auxiliary variable, and that is what makes
+the bound hold for the MILP's plans too: the solver may raise any of them
+(they are continuous, bounded below only), which only adds bytes. The
+payload once was counted until the first need, as ``comp - f[v, s - 1]``:
+the MILP raised that "needed before" flag where the decompressed value it
+then counts a position early fell on a row with slack, and its plans
+simulated over the budget (a Llama-style plan at 14.3 MB: 0.46 MB more than
+its own model said; `tests/passes/test_peak_model.py`).
 
 The forward holds every value the plan saves from its node to the end
 (a compressed one also its codec's scratch at its node,
@@ -342,11 +353,16 @@ def _add_backward_terms(
     # needed would not be saved; counting it only costs the MILP memory).
     if keep is not None:
         ranges.add(keep, 0, lo - 1, cand.keep_bytes)
+    # A payload up to its first direct read (or the span's end), even where
+    # a recomputation needs the value sooner and the decompress frees it
+    # there: bytes · comp · (1 - needed before s) would subtract a "needed"
+    # flag, which the MILP can raise at will where that costs only slack
+    # (see the module docstring).
+    payload_end = first_direct if first_direct is not None else hi
     for comp, nbytes in comps:
-        ranges.add(comp, 0, lo - 1, nbytes)
+        ranges.add(comp, 0, payload_end, nbytes)
     for s in range(lo, hi + 1):
         gs, fs = g[s], f[s]
-        f_before = f[s - 1] if s - 1 >= lo else 0.0
         if keep is not None and cand.keep_bytes:
             if gs == 1.0:
                 ranges.add(keep, s, s, cand.keep_bytes)
@@ -354,9 +370,7 @@ def _add_backward_terms(
                 _add_product(b, rows[s], cand.keep_bytes, [keep], [gs])
         if rec is not None and lt.backward_bytes:
             _add_product(b, rows[s], lt.backward_bytes, [rec], [fs, gs])
-        for comp, nbytes in comps:
-            if nbytes:
-                _add_payload(b, rows[s], nbytes, comp, f_before)
+        for comp, _ in comps:
             if cand.keep_bytes:
                 _add_product(b, rows[s], cand.keep_bytes, [comp], [fs, gs])
 
@@ -479,17 +493,6 @@ def _add_product(b: _Builder, row: dict[str, float], nbytes: float, decisions: l
             row[d] += nbytes
         return
     row[b.product((*decisions, *variables))] += nbytes
-
-
-def _add_payload(b: _Builder, row: dict[str, float], nbytes: float, comp: str, needed_before: str | float) -> None:
-    """row += nbytes * comp * (1 - needed_before)."""
-    if needed_before == 1.0:
-        return
-    if needed_before == 0.0:
-        row[comp] += nbytes
-        return
-    aux = b.new([AuxBound(const=0.0, terms=((comp, 1.0), (str(needed_before), -1.0)))])
-    row[aux] += nbytes
 
 
 def _forward_rows(
