@@ -114,7 +114,7 @@ def schedule_stage(state: "PartitionState") -> None:
     # the on-demand peak, where that already exceeds it). Over the limit, the
     # placed values alive across the peak (and what is computed from them)
     # go back to on demand, and the schedule is redone.
-    limit = max(state.budget.budget_bytes, state.timeline.activation_peak_bytes)
+    limit = max(state.budget.budget_bytes, state.budget.peak_of(state.timeline))
     placement, unplaced = dict(overlap.planned), []
     charged = charged_inputs(state)
     for round_ in range(_MAX_UNPLACE_ROUNDS + 1):
@@ -123,9 +123,9 @@ def schedule_stage(state: "PartitionState") -> None:
             state.fw_module, result.module, num_fwd_outputs=state.num_fwd_outputs,
             forward_names=state.forward_names, mode=state.mode, charged_inputs=charged,
         )
-        if timeline.activation_peak_bytes <= limit or not placement:
+        if state.budget.peak_of(timeline) <= limit or not placement:
             break
-        victims = _alive_across_peak(result.module, timeline, result.placed)
+        victims = _alive_across_peak(result.module, timeline, result.placed, step=state.budget.scope == "step")
         if not victims or round_ == _MAX_UNPLACE_ROUNDS - 1:
             victims = set(placement)
         victims = _with_readers(victims, readers) & set(placement)
@@ -182,13 +182,13 @@ def _calibrated_link(group_name: str, _size: int, _backend: str | None) -> LinkP
     return calibrate_link(compat.resolve_group(group_name))
 
 
-def _alive_across_peak(module: Any, timeline: Any, placed: dict[str, str]) -> set[str]:
-    """Placed values computed before the backward's activation peak and read
-    after it."""
+def _alive_across_peak(module: Any, timeline: Any, placed: dict[str, str], *, step: bool = False) -> set[str]:
+    """Placed values computed before the backward's activation peak (with
+    ``step``, its peak of all bytes) and read after it."""
     events = [e for e in timeline.events if e.phase == "backward"]
     if not events:
         return set()
-    peak = max(events, key=lambda e: e.activation_bytes)
+    peak = max(events, key=lambda e: e.live_bytes if step else e.activation_bytes)
     position = {n.name: i for i, n in enumerate(module.graph.nodes)}
     at = position.get(peak.node, len(position))
     nodes = {n.name: n for n in module.graph.nodes}

@@ -110,7 +110,7 @@ class Preview:
 
     @property
     def fits(self) -> bool:
-        return bool(self.summary["activation_peak_fits_budget"]) and not self.summary["budget_clamped_to_minimum"]
+        return bool(self.summary["fits_budget"]) and not self.summary["budget_clamped_to_minimum"]
 
 
 @contextlib.contextmanager

@@ -312,6 +312,8 @@ def summarize(state: "PartitionState") -> dict[str, Any]:
         "predicted_peak_bytes": state.timeline.peak_bytes,
         "predicted_activation_peak_bytes": state.timeline.activation_peak_bytes,
         "activation_peak_fits_budget": state.timeline.activation_peak_bytes <= state.budget.budget_bytes,
+        "budget_scope": state.budget.scope,
+        "fits_budget": state.budget.peak_of(state.timeline) <= state.budget.budget_bytes,
         "plan_source": outcome.source if outcome else "planner",
         "estimated_added_seconds": added,
         "default_added_seconds": (

@@ -71,6 +71,7 @@ def candidates_stage(state: PartitionState) -> None:
     state.candidates = find_candidates(
         state.joint, state.info, options, allow_recompute=state.config.allow_recompute,
         profile=state.profile, mode=state.mode, num_fwd_outputs=state.num_fwd_outputs,
+        step_budget=state.config.budget_scope == "step",
     )
 
 
@@ -172,6 +173,7 @@ def budget_stage(state: PartitionState) -> None:
         ),
         held_by_earlier_graphs=state.held_by_earlier_graphs,
         held_default_by_earlier_graphs=state.held_default_by_earlier_graphs,
+        scope=state.config.budget_scope,
     )
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from adacc_compile.config import MemoryBudget
 
+from .memory_sim import MemoryTimeline
 from .milp import SolverOptions, solve_milp, with_start
 from .peak_model import decision_values, evaluate, simulate
 from .policies import recompute_all_policy
@@ -55,10 +56,18 @@ class BudgetResolution:
     only where the budget could not be met: it is the costliest solve)."""
     held_by_earlier_graphs: int = 0
     clamped: bool = False
+    scope: str = "activations"
+    """What the budget bounds (`AdaccConfig.budget_scope`): "activations" or
+    "step"."""
 
     @property
     def baseline_saved_bytes(self) -> int:
         return self.default_saved_bytes
+
+    def peak_of(self, timeline: MemoryTimeline) -> int:
+        """The simulated peak this budget bounds: the activation peak, or
+        under ``scope="step"`` everything the step allocates."""
+        return timeline.peak_bytes if self.scope == "step" else timeline.activation_peak_bytes
 
 
 def modelled_peak(problem: PlanProblem, solution: PlanSolution) -> int:
@@ -76,6 +85,7 @@ def resolve_budget(
     default_counted_bytes: int | None = None,
     held_by_earlier_graphs: int = 0,
     held_default_by_earlier_graphs: int = 0,
+    scope: str = "activations",
 ) -> BudgetResolution:
     """``problem`` is what the planner solves (reduced by block reuse);
     ``full_problem`` and ``default_plan`` (PyTorch's choice as a legal plan
@@ -120,6 +130,7 @@ def resolve_budget(
         fastest_peak_bytes=fastest_peak,
         minimum_bytes=None,
         held_by_earlier_graphs=held_by_earlier_graphs,
+        scope=scope,
     )
 
 

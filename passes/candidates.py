@@ -58,6 +58,7 @@ def find_candidates(
     profile: DeviceProfile | None = None,
     mode: Realization = Realization.EAGER,
     num_fwd_outputs: int | None = None,
+    step_budget: bool = False,
 ) -> CandidateSet:
     """Builds the plan problem (no budget yet) from an annotated joint graph.
 
@@ -66,7 +67,8 @@ def find_candidates(
     the "compression alone" baseline. With a ``profile``, costs follow
     `fusion` (keeping costs its writes and reads, fused recomputation its
     input reads) and every candidate gets its `Lifetime`, the problem its
-    `StepLayout` (for the peak model)."""
+    `StepLayout` (for the peak model; with ``step_budget`` it also holds
+    the backward's own bytes, `lifetimes.backward_base`)."""
     forward = info.forward_nodes
     inputs_to_charge = _activation_inputs(gm, info)
     required = _read_by_backward(gm, info, inputs_to_charge)
@@ -113,7 +115,7 @@ def find_candidates(
         )
     layout = None
     if orders is not None:
-        layout = step_layout(gm, info, orders, order, mode, outputs)
+        layout = step_layout(gm, info, orders, order, mode, outputs, with_backward_base=step_budget)
     return CandidateSet(
         problem=PlanProblem(candidates=tuple(candidates), layout=layout),
         nodes={n.name: n for n in order},

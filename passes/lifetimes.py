@@ -190,11 +190,14 @@ def step_layout(
     candidates: Iterable[fx.Node],
     mode: Realization,
     forward_outputs: set[fx.Node],
+    *,
+    with_backward_base: bool = False,
 ) -> StepLayout:
     """Positions and the plan-independent activation bytes of the forward:
     what the forward allocates for values no plan decides about (those the
     backward never reads), alive from their node to their last forward use
-    (forward outputs to the end of the forward)."""
+    (forward outputs to the end of the forward); ``with_backward_base``,
+    also the backward's own bytes (`backward_base`)."""
     decided = set(candidates)
     base = [0] * len(orders.forward)
     for node, position in orders.forward.items():
@@ -215,4 +218,34 @@ def step_layout(
         forward_base=tuple(base),
         forward_layers=layers_fw,
         backward_layers=layers_bw,
+        backward_base=backward_base(orders, mode) if with_backward_base else (),
     )
+
+
+def backward_base(orders: Orders, mode: Realization) -> tuple[int, ...]:
+    """Bytes the backward's own values hold at each backward position: each
+    gradient (or other backward value) that allocates under ``mode``, from
+    its node to its storage's last backward reader, or to the end where the
+    backward returns it (a parameter's gradient). No plan changes them, so
+    they are constants of the memory rows when the budget bounds the whole
+    step; Inductor's in-place reuse and kernel groups move them a little,
+    which the plan search's simulation of the split graphs corrects."""
+    count = len(orders.backward)
+    diff = [0] * (count + 1)
+    for node, position in orders.backward.items():
+        nbytes = owned_bytes(node)
+        consumers = [u for u in node.users if u in orders.backward or u.op == "output"]
+        if not nbytes or not _allocates(node, consumers, mode):
+            continue
+        readers = _storage_readers(node)
+        if any(r.op == "output" for r in readers):
+            end = count - 1
+        else:
+            end = max([position, *(orders.backward[r] for r in readers if r in orders.backward)])
+        diff[position] += nbytes
+        diff[end + 1] -= nbytes
+    base, running = [], 0
+    for position in range(count):
+        running += diff[position]
+        base.append(running)
+    return tuple(base)

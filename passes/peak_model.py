@@ -49,6 +49,11 @@ a saved value is computed from them (``fc[v]``). A value Inductor would fuse
 away is written once when compressed (``Lifetime.written_bytes``) and then
 lives like any forward temporary.
 
+Where the budget bounds the whole step (``budget_scope="step"``), the
+layout also carries the backward's own bytes at each position (gradients,
+`lifetimes.backward_base`): constants of the backward rows, and of the
+simulation.
+
 Positions are grouped into segments (`segment_positions`); a row bounds the
 bytes alive anywhere in its segment. One position per segment is exact; the
 blocks of a class of identical blocks other than its representative each
@@ -300,8 +305,12 @@ def build_memory_model(
     if problem.repeat is not None:
         _add_repeat_terms(problem, fw, bw, rows_fw, ranges, rep_of)
     ranges.flush(rows_bw)
+    bw_consts = [0.0] * bw.count  # the backward's own bytes (gradients), where the budget is the step's
+    for position, nbytes in enumerate(layout.backward_base):
+        s = bw.of[position]
+        bw_consts[s] = max(bw_consts[s], float(nbytes))
     rows = _merge(
-        [("fw", i, r) for i, r in enumerate(rows_fw)] + [("bw", i, (0.0, r)) for i, r in enumerate(rows_bw)]
+        [("fw", i, r) for i, r in enumerate(rows_fw)] + [("bw", i, (bw_consts[i], r)) for i, r in enumerate(rows_bw)]
     )
     return MemoryModel(aux=tuple(b.aux), rows=tuple(rows))
 
@@ -697,7 +706,7 @@ def simulate(problem: PlanProblem, solution: PlanSolution) -> SimulatedPeak:
             needs.append(placed[cand.name])  # recomputed when its window opens
         if needs and decision[cand.name] is not Decision.NONE:
             first_need[cand.name], last_need[cand.name] = min(needs), max(needs)
-    bw = [0] * layout.backward_positions
+    bw = list(layout.backward_base) or [0] * layout.backward_positions
     saved = 0
     for cand in problem.candidates:
         d, lt = decision[cand.name], cand.lifetime

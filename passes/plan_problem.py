@@ -91,6 +91,11 @@ class StepLayout:
     the backward never reads."""
     forward_layers: tuple[str, ...] = ()
     """Block id of the node at each forward position ("" outside blocks)."""
+    backward_base: tuple[int, ...] = ()
+    """Bytes the backward's own values (gradients) hold at each backward
+    position; empty unless the budget bounds the whole step
+    (``budget_scope="step"``): the memory rows and the plan simulator then
+    add them."""
     backward_layers: tuple[str, ...] = ()
 
 

@@ -8,9 +8,10 @@ Writes nothing on the joint graph; returns a `PlanOutcome` with the chosen
 solution and the forward/backward graphs made from it.
 
 The MILP's memory rows bound the activation peak at every position of the
-step (`peak_model`), a linear model; the chosen plan is split once and the
-split graphs simulated (`memory_sim`, which follows the generated code).
-Where that simulated peak is over the budget, or under it by more than
+step (`peak_model`; with ``budget_scope="step"`` also the backward's own
+bytes), a linear model; the chosen plan is split once and the split graphs
+simulated (`memory_sim`, which follows the generated code). Where that
+simulated peak (`BudgetResolution.peak_of`) is over the budget, or under it by more than
 `PEAK_FIT_TOLERANCE`, the model's cap moves by the difference and the MILP
 is solved again (at most ``peak_fit_solves`` times, each a split and a
 simulation): the budget bounds what the step holds, not what the model
@@ -185,15 +186,15 @@ def _fit_simulated_peak(
     budget = first.budget
     target = budget.budget_bytes
     tried = [first]
-    peaks = {_plan_key(first.solution): first.timeline.activation_peak_bytes}
-    """Simulated activation peak of each distinct plan tried."""
+    peaks = {_plan_key(first.solution): budget.peak_of(first.timeline)}
+    """Simulated peak (what the budget bounds) of each distinct plan tried."""
     # A budget clamped to the model's reachable minimum: no cap below it has
     # a plan, so a split over it is not re-solved lower (Llama-style
     # compress-only at 0.4 spent three solves there, each without a plan).
     clamped = budget.clamped and budget.minimum_bytes is not None
     bracket = _CapBracket(target, floor=budget.minimum_bytes - 1 if clamped else None)
-    bracket.add(target, first.timeline.activation_peak_bytes, _model_peak(reduction.problem, first_reduced))
-    fit_start = first_reduced if first.timeline.activation_peak_bytes <= target else None
+    bracket.add(target, budget.peak_of(first.timeline), _model_peak(reduction.problem, first_reduced))
+    fit_start = first_reduced if budget.peak_of(first.timeline) <= target else None
     resolves = 0
     search = "none allowed (peak_fit_solves=0)" if solves == 0 else _no_cap_left(bracket, clamped)
     for _ in range(solves):
@@ -223,15 +224,15 @@ def _fit_simulated_peak(
             continue
         outcome = _split(context, candidates, expanded, "planner", budget, [*first.notes, reason])
         tried.append(outcome)
-        peaks[key] = outcome.timeline.activation_peak_bytes
-        if outcome.timeline.activation_peak_bytes <= target and (bracket.fit is None or cap > bracket.fit[0]):
+        peaks[key] = budget.peak_of(outcome.timeline)
+        if budget.peak_of(outcome.timeline) <= target and (bracket.fit is None or cap > bracket.fit[0]):
             fit_start = retry
-        bracket.add(cap, outcome.timeline.activation_peak_bytes, _model_peak(reduction.problem, retry))
-    fitting = [o for o in tried if o.timeline.activation_peak_bytes <= target]
+        bracket.add(cap, budget.peak_of(outcome.timeline), _model_peak(reduction.problem, retry))
+    fitting = [o for o in tried if budget.peak_of(o.timeline) <= target]
     if fitting:
         best = min(fitting, key=lambda o: added_seconds(candidates.problem, o.solution))
     else:
-        best = min(tried, key=lambda o: o.timeline.activation_peak_bytes)
+        best = min(tried, key=lambda o: budget.peak_of(o.timeline))
     notes = tuple(dict.fromkeys(n for o in tried for n in o.notes))
     return _over_budget(dataclasses.replace(best, resolves=resolves, notes=notes), search)
 
@@ -339,10 +340,11 @@ def _over_budget(outcome: PlanOutcome, search: str) -> PlanOutcome:
     not make up for it): training runs, over the budget by the figure the
     warning gives. ``search`` says which re-solve came last, or why none
     ran."""
-    peak, budget = outcome.timeline.activation_peak_bytes, outcome.budget.budget_bytes
+    peak, budget = outcome.budget.peak_of(outcome.timeline), outcome.budget.budget_bytes
+    what = "step peak" if outcome.budget.scope == "step" else "activation peak"
     if peak > budget:
         warnings.warn(
-            f"adacc: the plan's activation peak {peak} bytes is {peak - budget} bytes "
+            f"adacc: the plan's {what} {peak} bytes is {peak - budget} bytes "
             f"({(peak - budget) / max(budget, 1):.1%}) over the budget {budget} after {outcome.resolves} "
             f"corrective re-solve(s) ({search}); using the "
             f"lowest-peak plan tried",

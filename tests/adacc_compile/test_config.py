@@ -48,6 +48,7 @@ def test_unknown_option_names_the_valid_ones():
         ({"planner": "magic"}, "planner='magic' is not one of: milp"),
         ({"accuracy": "perfect"}, "accuracy"),
         ({"on_infeasible": "ignore"}, "on_infeasible"),
+        ({"budget_scope": "total"}, "budget_scope='total' is not one of: activations, step"),
         ({"solver_time_limit_s": 0}, "positive"),
         ({"solver_threads": 0}, "positive int"),
         ({"solver_node_limit": 0}, "solver_node_limit=0 must be a positive int"),
@@ -140,3 +141,8 @@ def test_inductor_buffer_reuse_reaches_inductors_config(monkeypatch, options, re
     assert seen["whole_ops"] == ()  # lossless: no few-bit codec, Inductor's decompositions
     with pytest.raises(ValueError):
         AdaccConfig.from_options({"inductor_buffer_reuse": "sometimes"})
+
+
+def test_the_budget_bounds_activations_unless_the_step_is_asked_for():
+    assert AdaccConfig.from_options({}).budget_scope == "activations"
+    assert AdaccConfig.from_options({"budget_scope": "step", "memory_budget": "20MiB"}).budget_scope == "step"

@@ -318,3 +318,35 @@ def test_no_bound_or_row_subtracts_an_auxiliary_variable(seed):
     terms = [t for bounds in memory.aux for bound in bounds for t in bound.terms]
     terms += [t for row in memory.rows for t in row.terms]
     assert [k for k, c in terms if k.startswith("aux:") and c < 0] == []
+
+
+def with_backward_base(rng: random.Random, problem: PlanProblem) -> PlanProblem:
+    """``problem`` with gradients held at each backward position (a step
+    budget) and its memory model rebuilt."""
+    layout = dataclasses.replace(
+        problem.layout, backward_base=tuple(rng.randint(0, 80) for _ in range(problem.layout.backward_positions))
+    )
+    bare = PlanProblem(candidates=problem.candidates, layout=layout)
+    return dataclasses.replace(bare, memory=peak_model.build_memory_model(bare))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_step_budgets_gradients_are_in_the_model_and_the_simulation(seed):
+    """With the backward's own bytes in the layout, the simulation adds them
+    position by position, the model still bounds every legal plan from
+    above, and the MILP's plans fit each budget up to the median."""
+    rng = random.Random(seed)
+    plain = random_problem(rng, rng.randint(3, 6), rng.randint(3, 8))
+    problem = with_backward_base(rng, plain)
+    base = problem.layout.backward_base
+    plans = list(legal_plans(problem))
+    for plan in plans:
+        bare, step = peak_model.simulate(plain, plan), peak_model.simulate(problem, plan)
+        assert step.backward_peak_bytes >= max(base)
+        assert step.backward_peak_bytes <= bare.backward_peak_bytes + max(base)
+        assert modelled(problem, plan) >= step.peak_bytes - 1e-6
+    peaks = sorted({int(modelled(problem, p)) for p in plans})
+    for budget in peaks[: len(peaks) // 2 + 1]:
+        solution = solve_milp(dataclasses.replace(problem, budget_bytes=budget), SolverOptions(mip_rel_gap=0.0))
+        assert solution.status == "optimal", budget
+        assert peak_model.simulate(problem, solution).peak_bytes <= modelled(problem, solution) <= budget
