@@ -28,12 +28,11 @@ activation peak adacc simulated for each recompute-only plan ("mixed/balanced
 at peak of @0.6 [auto]"): under one ratio budget recompute-only often lands
 below it and a mixed plan fills it, so the families' peaks differ; asked for
 recompute-only's own memory, a mixed plan is compared at equal memory.
-The budget bounds activations, though, and a step's peak also holds the
-gradients alive at its moment; so a matched plan whose measured step
-peak is off recompute-only's is planned again with its budget moved by
-the difference, up to ``--step-rounds`` times ("mixed/balanced at step
-peak of @0.6 [auto]"; measured peaks, as the comparison is at equal
-measured memory: predicted ones differ from them by plan).
+That budget bounds activations, though, and a step's peak also holds the
+gradients alive at its moment; so each mixed family is also given
+recompute-only's measured step peak as a budget on the whole step
+(``budget_scope="step"``: "mixed/balanced at step budget of @0.6 [auto]"),
+the comparison at equal measured memory.
 
 "auto" is this machine's measured profile (codec costs timed from their
 compiled aten form, so the planner chooses by what Inductor's code costs here);
@@ -99,13 +98,10 @@ def activation_peak_bytes(result: VariantResult) -> int:
 MATCHED = "at peak of "
 
 
-#: Name infix of a matched mixed plan asked again with its activation
-#: budget moved towards its recompute-only plan's measured step peak:
-#: "mixed/balanced at step peak of @0.4 [auto]".
-STEP_MATCHED = "at step peak of "
-#: Step peaks (measured, or predicted where a plan was not run) closer than
-#: this fraction count as equal.
-STEP_TOLERANCE = 0.005
+#: Name infix of a mixed plan given a recompute-only plan's measured step
+#: peak as a budget on the whole step: "mixed/balanced at step budget of
+#: @0.4 [auto]".
+STEP_BUDGET = "at step budget of "
 
 
 def recompute_only_of(name: str) -> str | None:
@@ -113,7 +109,7 @@ def recompute_only_of(name: str) -> str | None:
     (same budget and profile, or the one whose peak it was budgeted at)."""
     if "[" not in name:
         return None
-    return "recompute-only " + name.split(" ", 1)[1].removeprefix(MATCHED).removeprefix(STEP_MATCHED)
+    return "recompute-only " + name.split(" ", 1)[1].removeprefix(MATCHED).removeprefix(STEP_BUDGET)
 
 
 def matched_variants(recompute_only: list[VariantResult]) -> list[Variant]:
@@ -138,89 +134,36 @@ def matched_variants(recompute_only: list[VariantResult]) -> list[Variant]:
     return out
 
 
-def step_matched_variants(
-    recompute_only: list[VariantResult], matched: list[Variant], planned: list[VariantResult]
-) -> list[Variant]:
-    """Each matched mixed plan (``matched``, planned as ``planned``) whose
-    step peak is above its recompute-only plan's, or more than
-    `STEP_TOLERANCE` below it, asked again with its activation budget moved
-    by the difference: from the activation peak it reached where it is
-    above (a budget it was already under by more would give it again),
-    from its budget where it is below. The step peaks are the measured
-    ones where both plans were run (`_step_peak`), else the predicted ones.
+def step_budget_variants(recompute_only: list[VariantResult]) -> list[Variant]:
+    """Mixed plans given each recompute-only plan's measured step peak as a
+    budget on the whole step (``budget_scope="step"``).
 
-    Why: the budget bounds the activation peak; the step peak adds what
-    else is alive at its moment (gradients, backward temporaries), and that
-    differs between plans. On the Llama @0.4 (2026-12-05) a mixed plan
-    budgeted at recompute-only's activation peak held no more activations
-    but measured 21.07 MiB against recompute-only's 20.50, so "at equal
-    memory" was not; on the GPT one measured 27.70 against 30.73, memory
-    it could have spent recomputing less. The simulator predicts the
-    Llama's step peaks to 0.01 MiB (the GPT's up to 2.5 MiB under), so its
-    difference is what the next request moves. But on the GPT @0.4
-    (2026-12-05, late night) recompute-only's step peak was predicted at
-    28.85 MiB and measured at 27.61, while the mixed plans were predicted
-    exactly: matched on predictions they measured 28.85-28.91 MiB, above
-    the recompute-only plan they were to equal. The comparison is at equal
-    measured memory, so measured peaks are matched. The step peak is not
-    monotone in the activation budget, so this is a heuristic: a second
-    round can overshoot (bench/RESULTS.md). A name asked again keeps
-    its name, so `main` can ask a plan still above once more."""
-    rec_by_name = {r.name: r for r in recompute_only}
-    variant_by_name = {v.name: v for v in matched}
+    Why: the activation budget of `matched_variants` leaves out what else
+    is alive at the step's peak (gradients), and that differs between
+    plans: on the Llama @0.4 (2026-12-05) a mixed plan budgeted at
+    recompute-only's activation peak measured 21.07 MiB against its
+    20.50, and asking again with the activation budget moved by the
+    difference (this benchmark until 2026-12-06) overshot, since the step
+    peak is not monotone in the activation budget (a plan with a lower
+    activation peak measured 1.9 MiB more, bench/RESULTS.md). A step
+    budget puts the gradients in the planner's memory model, so the
+    comparison at equal measured memory asks for exactly that memory.
+    Each graph of a step gets the whole figure less what the earlier ones
+    hold (one graph here)."""
     out = []
-    for result in planned:
-        rec = rec_by_name.get(recompute_only_of(result.name) or "")
-        variant = variant_by_name.get(result.name)
-        if rec is None or variant is None:
+    for rec in recompute_only:
+        if rec.peak_bytes <= 0:
             continue
-        peak, target = _step_peak(result, rec)
-        if peak is None or target is None:
-            continue
-        excess = peak - target
-        asked = int(variant.options["memory_budget"])
-        if excess > 0:
-            budget = min(asked, activation_peak_bytes(result) if result.reports else asked) - excess
-        elif excess < -STEP_TOLERANCE * target:
-            budget = asked - excess
-        else:
-            continue
-        if budget <= 0:
-            continue
-        out.append(Variant(
-            name=result.name.replace(MATCHED, STEP_MATCHED, 1),
-            kind="adacc",
-            options={**variant.options, "memory_budget": budget},
-        ))
+        budget_profile = rec.name.split(" ", 1)[1]
+        profile = budget_profile.rsplit("[", 1)[-1].rstrip("]")
+        for family in MIXED:
+            out.append(Variant(
+                name=f"{family} {STEP_BUDGET}{budget_profile}",
+                kind="adacc",
+                options={**FAMILIES[family], "memory_budget": rec.peak_bytes, "budget_scope": "step",
+                         "device_profile": profile},
+            ))
     return out
-
-
-def _step_peak(result: VariantResult, recompute_only: VariantResult) -> tuple[int | None, int | None]:
-    """(``result``'s step peak, ``recompute_only``'s): measured where both
-    were measured (a positive ``peak_bytes``), else both predicted."""
-    if result.peak_bytes > 0 and recompute_only.peak_bytes > 0:
-        return result.peak_bytes, recompute_only.peak_bytes
-    return result.predicted_peak_bytes, recompute_only.predicted_peak_bytes
-
-
-def step_matched_rounds(
-    recompute_only: list[VariantResult],
-    matched: list[Variant],
-    plan: Callable[[list[Variant]], list[VariantResult]],
-    rounds: int,
-) -> list[Variant]:
-    """Up to ``rounds`` rounds of `step_matched_variants`: each round plans
-    (``plan``) what the last one asked for; a plan asked again replaces
-    its earlier request (same name). Returns the last request per name."""
-    latest: dict[str, Variant] = {}
-    asked = matched
-    for _ in range(rounds):
-        again = step_matched_variants(recompute_only, asked, plan(asked))
-        if not again:
-            break
-        latest.update((v.name, v) for v in again)
-        asked = again
-    return list(latest.values())
 
 
 def matmul_recomputes(result: VariantResult) -> int:
@@ -238,12 +181,13 @@ def codecs_of(result: VariantResult) -> str:
 
 
 def fits_budget(result: VariantResult) -> bool | None:
-    """Whether every graph's simulated activation peak is within its budget
-    (None: not an adacc plan). The planner warns where it is not; the
-    benchmark silences warnings, so the table says it instead."""
+    """Whether every graph's simulated peak (activations, or the whole step
+    under a step budget) is within its budget (None: not an adacc plan).
+    The planner warns where it is not; the benchmark silences warnings, so
+    the table says it instead."""
     if not result.reports:
         return None
-    return all(bool(rep["summary"]["activation_peak_fits_budget"]) for rep in result.reports)
+    return all(bool(rep["summary"]["fits_budget"]) for rep in result.reports)
 
 
 def table(results: list[VariantResult]) -> str:
@@ -325,11 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out-dir", default="bench/results")
     parser.add_argument("--no-matched", dest="matched", action="store_false",
-                        help="skip the mixed plans budgeted at each recompute-only plan's simulated peak")
-    parser.add_argument("--step-rounds", type=int, default=1,
-                        help="times a matched mixed plan whose step peak (measured) is off its recompute-only "
-                             "plan's is asked again (0: never; a later round replaces the earlier plan, and "
-                             "on the Llama @0.4 a second round overshot: bench/RESULTS.md)")
+                        help="skip the mixed plans budgeted at each recompute-only plan's simulated activation "
+                             "peak and at its measured step peak")
     parser.add_argument("--inductor-rng", action="store_true",
                         help="dropout through Inductor's own random numbers (the default outside tests and "
                              "benchmarks) instead of ATen's (fallback_random, the default here: lossless "
@@ -348,15 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         planned = variants(args.budgets, args.profiles)
         with inductor_config.patch(inductor_patches(args.inductor_rng)), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if args.matched:  # plan recompute-only first, for its simulated peaks
+            if args.matched:  # plan and measure recompute-only first, for its peaks
                 first = run_variants(model, batches, [v for v in planned if v.name.startswith("recompute-only")],
                                      timing_repeats=0)
-                matched = matched_variants(first)
-                planned += matched
-                planned += step_matched_rounds(  # then each matched plan, for recompute-only's measured step peak
-                    first, matched, lambda asked: run_variants(model, batches, asked, timing_repeats=0),
-                    args.step_rounds,
-                )
+                planned += matched_variants(first) + step_budget_variants(first)
             results = run_variants(model, batches, planned, timing_repeats=args.repeats)
         sections.append(
             f"### {name}: {args.layers} layers, d_model {args.d_model}, seq {args.seq_len}, batch {args.batch}, fp32\n\n"
