@@ -146,8 +146,9 @@ def clamp_to_minimum(
     error = InfeasibleBudgetError(resolution.requested_bytes, minimum)
     if on_infeasible == "error":
         raise error
+    what = "step peak" if resolution.scope == "step" else "activation peak"
     warnings.warn(
-        f"adacc: {error.args[0].split(';')[0]}; using the plan with the lowest activation peak "
+        f"adacc: {error.args[0].split(';')[0]}; using the plan with the lowest {what} "
         f"({minimum} bytes) instead",
         stacklevel=3,
     )
