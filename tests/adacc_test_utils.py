@@ -255,3 +255,19 @@ def build_bert():
     gen = torch.Generator().manual_seed(0)
     idx = torch.randint(0, 64, (2, 16), generator=gen)
     return TinyBert(), (idx, torch.randint(0, 64, (2, 16), generator=gen))
+
+
+class TwoGraphs(torch.nn.Module):
+    """A body and a head separated by a graph break, like a Hugging Face
+    model whose loss Dynamo cannot trace."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 256), torch.nn.GELU())
+        self.head = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 1))
+
+    def forward(self, x):
+        h = self.body(x)
+        torch._dynamo.graph_break()
+        return self.head(h).square().mean()

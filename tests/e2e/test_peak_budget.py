@@ -19,6 +19,7 @@ from adacc_test_utils import (
     build,
     WIDTH,
     RandomNet,
+    TwoGraphs,
     compile_with_reports,
     conv_bn_net,
     loss_and_grads,
@@ -118,27 +119,11 @@ def test_one_forward_backward_split_per_graph(monkeypatch):
         assert 1 <= len(calls) <= 1 + summary["replans"], (name, budget, len(calls))
 
 
-class _TwoGraphs(torch.nn.Module):
-    """A body and a head separated by a graph break, like a Hugging Face
-    model whose loss Dynamo cannot trace."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.body = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 256), torch.nn.GELU())
-        self.head = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 1))
-
-    def forward(self, x):
-        h = self.body(x)
-        torch._dynamo.graph_break()
-        return self.head(h).square().mean()
-
-
 @pytest.mark.parametrize("budget", [1.0, 0.7, "300KB"])
 def test_graph_breaks_share_the_step_budget(budget):
     """The second graph is charged what the first holds through it; a byte
     budget is the step's, not each graph's."""
-    model, x = _TwoGraphs(), torch.randn(32, 64, generator=torch.Generator().manual_seed(1))
+    model, x = TwoGraphs(), torch.randn(32, 64, generator=torch.Generator().manual_seed(1))
     expected = loss_and_grads(model, model, x)
     torch._dynamo.reset()
     compiled, partitioner = compile_with_reports(model, "adacc_eager", {"memory_budget": budget})
