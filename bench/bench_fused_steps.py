@@ -119,19 +119,11 @@ def matched_variants(recompute_only: list[VariantResult]) -> list[Variant]:
     its last whole recomputation takes it, often below the budget; a
     mixed plan fills the budget), so the comparison at equal memory needs
     the mixed plan asked for exactly that memory."""
-    out = []
-    for rec in recompute_only:
-        if not rec.reports:
-            continue
-        budget_profile = rec.name.split(" ", 1)[1]  # "@0.6 [auto]"
-        profile = budget_profile.rsplit("[", 1)[-1].rstrip("]")
-        for family in MIXED:
-            out.append(Variant(
-                name=f"{family} {MATCHED}{budget_profile}",
-                kind="adacc",
-                options={**FAMILIES[family], "memory_budget": activation_peak_bytes(rec), "device_profile": profile},
-            ))
-    return out
+    return [
+        variant
+        for rec in recompute_only if rec.reports
+        for variant in _mixed_variants(rec, MATCHED, {"memory_budget": activation_peak_bytes(rec)})
+    ]
 
 
 def step_budget_variants(recompute_only: list[VariantResult]) -> list[Variant]:
@@ -150,20 +142,23 @@ def step_budget_variants(recompute_only: list[VariantResult]) -> list[Variant]:
     comparison at equal measured memory asks for exactly that memory.
     Each graph of a step gets the whole figure less what the earlier ones
     hold (one graph here)."""
-    out = []
-    for rec in recompute_only:
-        if rec.peak_bytes <= 0:
-            continue
-        budget_profile = rec.name.split(" ", 1)[1]
-        profile = budget_profile.rsplit("[", 1)[-1].rstrip("]")
-        for family in MIXED:
-            out.append(Variant(
-                name=f"{family} {STEP_BUDGET}{budget_profile}",
-                kind="adacc",
-                options={**FAMILIES[family], "memory_budget": rec.peak_bytes, "budget_scope": "step",
-                         "device_profile": profile},
-            ))
-    return out
+    return [
+        variant
+        for rec in recompute_only if rec.peak_bytes > 0
+        for variant in _mixed_variants(rec, STEP_BUDGET, {"memory_budget": rec.peak_bytes, "budget_scope": "step"})
+    ]
+
+
+def _mixed_variants(rec: VariantResult, infix: str, budget: dict) -> list[Variant]:
+    """Each mixed family under ``budget`` options, named after ``rec``'s
+    budget and cost model ("mixed/balanced <infix>@0.6 [auto]")."""
+    budget_profile = rec.name.split(" ", 1)[1]  # "@0.6 [auto]"
+    profile = budget_profile.rsplit("[", 1)[-1].rstrip("]")
+    return [
+        Variant(name=f"{family} {infix}{budget_profile}", kind="adacc",
+                options={**FAMILIES[family], **budget, "device_profile": profile})
+        for family in MIXED
+    ]
 
 
 def matmul_recomputes(result: VariantResult) -> int:

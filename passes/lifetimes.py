@@ -199,7 +199,7 @@ def step_layout(
     (forward outputs to the end of the forward); ``with_backward_base``,
     also the backward's own bytes (`backward_base`)."""
     decided = set(candidates)
-    base = [0] * len(orders.forward)
+    spans = []
     for node, position in orders.forward.items():
         if node in decided or node not in info.forward_needed:
             continue
@@ -207,9 +207,8 @@ def step_layout(
         nbytes = owned_bytes(node)
         if not nbytes or not _allocates(node, consumers, mode):
             continue
-        end = _forward_end(node, orders, forward_outputs, position)
-        for t in range(position, end + 1):
-            base[t] += nbytes
+        spans.append((position, _forward_end(node, orders, forward_outputs, position), nbytes))
+    base = _bytes_alive(len(orders.forward), spans)
     layers_fw = tuple(annotation(n).layer for n in orders.forward)
     layers_bw = tuple(annotation(n).layer for n in orders.backward)
     return StepLayout(
@@ -231,7 +230,7 @@ def backward_base(orders: Orders, mode: Realization) -> tuple[int, ...]:
     step; Inductor's in-place reuse and kernel groups move them a little,
     which the plan search's simulation of the split graphs corrects."""
     count = len(orders.backward)
-    diff = [0] * (count + 1)
+    spans = []
     for node, position in orders.backward.items():
         nbytes = owned_bytes(node)
         consumers = [u for u in node.users if u in orders.backward or u.op == "output"]
@@ -242,10 +241,19 @@ def backward_base(orders: Orders, mode: Realization) -> tuple[int, ...]:
             end = count - 1
         else:
             end = max([position, *(orders.backward[r] for r in readers if r in orders.backward)])
-        diff[position] += nbytes
-        diff[end + 1] -= nbytes
-    base, running = [], 0
+        spans.append((position, end, nbytes))
+    return tuple(_bytes_alive(count, spans))
+
+
+def _bytes_alive(count: int, spans: Iterable[tuple[int, int, int]]) -> list[int]:
+    """Bytes alive at each of ``count`` positions, from (first, last,
+    bytes) spans, inclusive: a difference array, summed."""
+    diff = [0] * (count + 1)
+    for first, last, nbytes in spans:
+        diff[first] += nbytes
+        diff[last + 1] -= nbytes
+    alive, running = [], 0
     for position in range(count):
         running += diff[position]
-        base.append(running)
-    return tuple(base)
+        alive.append(running)
+    return alive
