@@ -61,13 +61,16 @@ NaN and ±Inf at any position, in any number, survive with no extra bytes:
 inside an outlier channel they are stored as they are; elsewhere a group that
 holds one is flagged by the sign bit of its scale (scales are otherwise >= 0)
 and its codes then reserve ``-QMAX - 1`` for NaN, ``-QMAX`` for -Inf and
-``QMAX`` for +Inf, its finite values using ±(QMAX - 1). Only such a group
-loses a little resolution (int4: 13 levels instead of 15). Non-finite values
+``QMAX`` for +Inf, its finite values using ±(QMAX - 1): its scale is the
+largest value over `IntFormat.special_limit` (int8: 125.5, int4: 6) instead
+of QMAX, low enough that no finite value rounds to QMAX, so the codes clamp
+at ±QMAX in every group and ±Inf reach their codes without a select. Only
+such a group loses a little resolution (int4: 13 levels instead of 15). Non-finite values
 never enter a scale or an outlier score.
 
 Error: with r the rounding error of one group of n values whose largest
 magnitude is m, ||r|| <= sqrt(n) * m / (2 * QMAX) <= sqrt(n) / (2 * QMAX) * ||x_group||,
-so the relative error can never exceed sqrt(G) / (2 * (QMAX - 1)) plus the
+so the relative error can never exceed sqrt(G) / (2 * special_limit) plus the
 bfloat16 scale truncation (at most 2^-8): 0.036 for int8, 0.48 for int4,
 whatever the input. The declared `error_bound` is tighter and comes from measurement
 (tests/kernels/test_int_outlier.py, bench/bench_codec_error.py): int8 / int4
@@ -152,10 +155,18 @@ class IntFormat:
     group: int
     #: Two codes per byte.
     pack4: bool
+    #: The scale's divisor in a group that holds NaN/Inf: the largest
+    #: half-step L with L * (1 + 2^-7) * (1 + 2^-23) < QMAX - 0.5. The stored
+    #: scale (bfloat16, toward zero) is at most 2^-7 below the group's
+    #: largest value / L, so a finite value's scaled magnitude stays under
+    #: QMAX - 0.5 and rounds to at most QMAX - 1 without a clamp at L: the
+    #: codes can clamp every group at ±QMAX, which turns ±Inf into its
+    #: reserved code ±QMAX with no select (`_aten_compress`).
+    special_limit: float
 
 
-INT8 = IntFormat(name="int8_outlier", qmax=127, group=64, pack4=False)
-INT4 = IntFormat(name="int4_outlier", qmax=7, group=32, pack4=True)
+INT8 = IntFormat(name="int8_outlier", qmax=127, group=64, pack4=False, special_limit=125.5)
+INT4 = IntFormat(name="int4_outlier", qmax=7, group=32, pack4=True, special_limit=6.0)
 
 
 
@@ -318,12 +329,11 @@ def _torch_compress(fmt: IntFormat, x: torch.Tensor, index: torch.Tensor | None 
     # Kept values: regular and finite (non-finite ones are 0 already).
     xf.masked_fill_(regular.logical_not(), 0.0)
     absmax = _absmax(xf, dim=-1)
-    limit = torch.where(special, fmt.qmax - 1.0, float(fmt.qmax))
+    limit = torch.where(special, fmt.special_limit, float(fmt.qmax))
     scale_f = truncate_to_bfloat16(absmax / limit)[1].clamp_min_(MIN_SCALE)
     scale = scale_f.to(_SCALE_DTYPE)  # exact: a bfloat16 value
     xf.mul_((1.0 / scale_f).unsqueeze(-1))
-    bound = limit.unsqueeze(-1)
-    xf.clamp_(-bound, bound).round_()
+    xf.clamp_(-fmt.qmax, fmt.qmax).round_()  # finite codes of a flagged group stay within QMAX - 1
     codes = xf.view(rows, padded).to(torch.int8)  # |code| <= QMAX: exact
     del xf
     if nonfinite is not None:
@@ -481,20 +491,19 @@ def _aten_compress(fmt: IntFormat, x: torch.Tensor, index: torch.Tensor | None =
     # 0 elsewhere, so the flag is a plain sum (no second select).
     kept = torch.where(ok, a, -1.0) * regular
     special = (kept - kept.abs()).sum(dim=-1) < 0
-    limit = torch.where(special, fmt.qmax - 1.0, float(fmt.qmax))
+    limit = torch.where(special, fmt.special_limit, float(fmt.qmax))
     scale_f = truncate_to_bfloat16(aten_graphs.divide(kept.amax(dim=-1), limit))[1].clamp_min(MIN_SCALE)
     reciprocal = aten_graphs.written(aten_graphs.divide(1.0, scale_f))
-    bound = limit.unsqueeze(-1)
-    # The reference's product, clamp and rounding on x itself: at NaN/Inf
-    # they give garbage that the select below replaces by the reserved codes,
-    # and the mask then zeroes the outlier channels (whose q is finite or
-    # replaced), so the codes loop needs no cleaned copy of x.
-    q = (grouped * reciprocal.unsqueeze(-1)).clamp(-bound, bound).round()
-    reserved = torch.where(grouped != grouped, -fmt.qmax - 1.0, torch.where(grouped > 0, float(fmt.qmax), -float(fmt.qmax)))
+    # The reference's product, clamp and rounding on x itself. The clamp is
+    # at ±QMAX in every group (`IntFormat.special_limit`): ±Inf land on their
+    # reserved codes and only NaN needs a select. The mask then zeroes the
+    # outlier channels (whose NaN the select has replaced), so the codes loop
+    # needs no cleaned copy of x and no finiteness test.
+    q = (grouped * reciprocal.unsqueeze(-1)).clamp(-fmt.qmax, fmt.qmax).round()
     # Cast on the [rows, groups, G] shape: the codes kernel then has the
     # reduction's loops outside, and Inductor fuses the two (viewed as
     # [rows, P] first, their loop ranges differ and they are not fused).
-    codes = torch.where(ok, q, reserved) * regular
+    codes = torch.where(grouped != grouped, -fmt.qmax - 1.0, q) * regular
     if fmt.pack4:
         packed = _aten_pack_halves(codes.view(rows, padded))
     else:
@@ -658,6 +667,7 @@ def _when(mask, flag):
 def _quantize_group(
     x_ptr, slot_ptr, scale_ptr, value_ptr, rows, rmask, group, own_first, own_second,
     C, K, stride_r, stride_c, num_groups, QMAX: tl.constexpr, GROUP: tl.constexpr,
+    SPECIAL_LIMIT: tl.constexpr,
 ):  # fmt: skip
     # One group, read as its two contiguous halves: returns the codes of
     # both; stores the group's scale where this program owns the first half
@@ -680,7 +690,7 @@ def _quantize_group(
         tl.max((reg_a & ~fin_a).to(tl.int32), axis=1), tl.max((reg_b & ~fin_b).to(tl.int32), axis=1)
     )
     special = nonfinite > 0
-    limit = tl.where(special, QMAX - 1.0, QMAX * 1.0)
+    limit = tl.where(special, SPECIAL_LIMIT, QMAX * 1.0)
     # bfloat16 scale rounded toward zero (see truncate_to_bfloat16).
     scale = (tl.math.div_rn(amax, limit).to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
     scale = tl.maximum(scale, 1.1754943508222875e-38)  # MIN_SCALE
@@ -698,6 +708,7 @@ def _quantize_kernel(
     x_ptr, slot_ptr, code_ptr, scale_ptr, value_ptr,
     R, C, K, stride_r, stride_c, code_stride, num_groups,
     QMAX: tl.constexpr, GROUP: tl.constexpr, PACK4: tl.constexpr, BLOCK_R: tl.constexpr,
+    SPECIAL_LIMIT: tl.constexpr,
 ):  # fmt: skip
     # int8, program (i, g): rows block i, channel group g; writes the group's
     # codes, its scale and the outlier values that fall in it. int4, program
@@ -713,13 +724,13 @@ def _quantize_kernel(
         low_part = k % 2
         q_a, q_b = _quantize_group(
             x_ptr, slot_ptr, scale_ptr, value_ptr, rows, rmask, k // 2, 1 - low_part, low_part,
-            C, K, stride_r, stride_c, num_groups, QMAX, GROUP,
+            C, K, stride_r, stride_c, num_groups, QMAX, GROUP, SPECIAL_LIMIT,
         )  # fmt: skip
         low = tl.where(low_part == 0, q_a, q_b)
         high_part = (num_groups + k) % 2
         q_a, q_b = _quantize_group(
             x_ptr, slot_ptr, scale_ptr, value_ptr, rows, rmask, (num_groups + k) // 2,
-            1 - high_part, high_part, C, K, stride_r, stride_c, num_groups, QMAX, GROUP,
+            1 - high_part, high_part, C, K, stride_r, stride_c, num_groups, QMAX, GROUP, SPECIAL_LIMIT,
         )  # fmt: skip
         high = tl.where(high_part == 0, q_a, q_b)
         byte = (low & 15) | ((high & 15) << 4)
@@ -729,7 +740,7 @@ def _quantize_kernel(
         group = tl.program_id(1)
         q_a, q_b = _quantize_group(
             x_ptr, slot_ptr, scale_ptr, value_ptr, rows, rmask, group, 1, 1,
-            C, K, stride_r, stride_c, num_groups, QMAX, GROUP,
+            C, K, stride_r, stride_c, num_groups, QMAX, GROUP, SPECIAL_LIMIT,
         )  # fmt: skip
         col_a = group * GROUP + half
         offsets = rows[:, None] * code_stride + col_a[None, :]
@@ -829,7 +840,7 @@ def _triton_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
     launch(
         _quantize_kernel, grid, x2d, slot, codes, scale, values,
         rows, channels, index.shape[0], x2d.stride(0), x2d.stride(1), codes.shape[1], groups,
-        QMAX=fmt.qmax, GROUP=fmt.group, PACK4=fmt.pack4, BLOCK_R=_BLOCK_ROWS,
+        QMAX=fmt.qmax, GROUP=fmt.group, PACK4=fmt.pack4, BLOCK_R=_BLOCK_ROWS, SPECIAL_LIMIT=fmt.special_limit,
     )  # fmt: skip
     return [codes, scale, index, values]
 

@@ -308,6 +308,33 @@ def test_outlier_channels_are_exact_and_chosen_deterministically() -> None:
 
 
 @pytest.mark.parametrize("name", FORMATS)
+def test_a_flagged_groups_largest_value_is_not_read_as_inf(name: str) -> None:
+    """The codes clamp at ±QMAX in every group, so a flagged group's scale
+    must keep its finite values below QMAX - 0.5 however much the bfloat16
+    truncation shrinks it: the worst case is a quotient just under
+    (1 + 2^-7) * 2^e, truncated to 2^e. With QMAX - 1 as the divisor int8's
+    largest value would round to 127, +Inf's code."""
+    codec, fmt = get_codec(name), FORMATS[name]
+    channels = 64  # one outlier slot, taken by the last channel
+    x = torch.zeros(2, channels)
+    worst = fmt.special_limit * (1 + 2.0**-7 - 2.0**-22)
+    x[:, 1] = worst
+    x[:, 2] = -worst
+    x[0, 5], x[1, 5] = float("nan"), float("inf")
+    x[:, -1] = 1e6  # the outlier slot goes elsewhere
+    ref = int_outlier._torch_compress(fmt, x)
+    assert _same_payload(codec.aten_compress(x), ref)
+    from adacc_compile import compat
+
+    graph = compat.trace_aten(lambda v: tuple(codec.aten_compress(v)), [x])
+    assert _same_payload(list(compat.inductor_compile_inference(graph, [x])(x)), ref)
+    out = codec.decompress(codec.compress(x))
+    assert out[:, 1].tolist() == pytest.approx([worst, worst], rel=2.0**-6)
+    assert out[:, 2].tolist() == pytest.approx([-worst, -worst], rel=2.0**-6)
+    assert out[0, 5].isnan() and out[1, 5] == float("inf")
+
+
+@pytest.mark.parametrize("name", FORMATS)
 def test_any_number_of_non_finite_values_survives(name: str) -> None:
     """More non-finite channels than outlier slots, whole groups of them, every kind."""
     codec, fmt = get_codec(name), FORMATS[name]
