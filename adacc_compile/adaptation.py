@@ -58,6 +58,7 @@ import torch.fx as fx
 from adacc_compile import rank_zero
 from adacc_compile.monitor import ActivationMonitor
 from adacc_compile.passes.drift import DriftDetector, DriftRule, ValueObservation
+from adacc_compile.step_ledger import LEDGER
 
 if TYPE_CHECKING:
     from adacc_compile.partitioner import AdaccPartitioner
@@ -142,6 +143,9 @@ class AdaptiveGraph:
 
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
+        if self.requested is None and LEDGER.needs_room(self.graph_index):
+            LEDGER.settle(self.graph_index)  # asked once
+            self.requested = "a later graph of the step needs room under the step budget (step_ledger)"
         if self.requested is not None:
             reason, self.requested = self.requested, None
             self._replan(args, trigger=f"request: {reason}", reasons=(reason,))

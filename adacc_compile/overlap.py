@@ -122,6 +122,7 @@ def schedule_stage(state: "PartitionState") -> None:
         timeline = simulate_step(  # as the plan stage simulated it (same realization)
             state.fw_module, result.module, num_fwd_outputs=state.num_fwd_outputs,
             forward_names=state.forward_names, mode=state.mode, charged_inputs=charged,
+            forward_extra_bytes=state.earlier_output_bytes, backward_extra_bytes=state.later_gradient_bytes,
         )
         if state.budget.peak_of(timeline) <= limit or not placement:
             break

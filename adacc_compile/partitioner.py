@@ -25,7 +25,7 @@ from adacc_compile.passes.compress_rewrite import replaced_ops
 from adacc_compile.passes.device_profile import profile_by_name
 from adacc_compile.passes.fusion import PLACED, Realization, mark_placed
 from adacc_compile.pipeline import run_pipeline
-from adacc_compile.step_ledger import LEDGER, Holding, tracked
+from adacc_compile.step_ledger import LEDGER, Holding, StepBudgetGraph, ask_earlier_graphs_for_room, tracked
 from adacc_compile.state import PartitionState
 
 _SOURCE_ROOTS = (pathlib.Path(__file__).parent,)
@@ -124,10 +124,18 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             held_by_earlier_graphs=LEDGER.held_bytes(),
             held_default_by_earlier_graphs=LEDGER.held_default_bytes(),
             earlier_graphs=tuple(h.graph for h in LEDGER.holding()),
+            boundary_cap_bytes=LEDGER.cap_for(self.graph_index),
+            later_gradient_bytes=LEDGER.later_gradient_bytes(self.graph_index),
             start_plan=self.start_plan,
         )
         self.real_inputs = None
         run_pipeline(state)
+        if config.budget_scope == "step" and state.timeline is not None and state.budget is not None:
+            LEDGER.planned_under(
+                self.graph_index, cap=state.boundary_cap_bytes, later_gradients=state.later_gradient_bytes,
+                peak=state.timeline.peak_bytes, budget=state.budget.budget_bytes,
+            )
+            ask_earlier_graphs_for_room(state)
         self.reports.append(state.report)
         if self.config.adapt:
             self.last_state = state
@@ -144,6 +152,11 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         the result is an `adaptation.AdaptiveGraph` that may re-plan it."""
         graph_index = LEDGER.new_graph()
         compiled, planned = self.plan_and_compile(gm, example_inputs, eager=eager, graph_index=graph_index)
+        if planned and not self.config.adapt and self.config.budget_scope == "step":
+            return StepBudgetGraph(
+                compiled, functools.partial(self.replan_for_room, gm, eager=eager, graph_index=graph_index),
+                graph_index,
+            )
         if not planned or not self.config.adapt or self.last_state is None:
             return compiled
         from adacc_compile.adaptation import AdaptiveGraph
@@ -176,6 +189,20 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         summary = self.reports[-1]["summary"]
         holding = Holding(self.graph_index, summary["planned_saved_bytes"], summary["default_saved_bytes"])
         return tracked(compiled, holding), True
+
+    def replan_for_room(
+        self, gm: fx.GraphModule, args: Sequence[Any], *, eager: bool, graph_index: int
+    ) -> Callable[..., Any] | None:
+        """Graph ``graph_index`` planned and compiled again under the cap a
+        later graph of the step asked for (`step_ledger`); None where no
+        training graph came out."""
+        self.revision = f"step-room:{graph_index}:{LEDGER.cap_for(graph_index)}"
+        try:
+            compiled, planned = self.plan_and_compile(gm, list(args), eager=eager, graph_index=graph_index)
+        finally:
+            self.revision = ""
+        self.last_state = None
+        return compiled if planned else None
 
     def whole_ops(self) -> tuple[Any, ...]:
         """`whole_ops` of this partitioner's config."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import warnings
 
 from adacc_compile import compat, rank_zero
 from adacc_compile.passes.annotate import annotate, tensor_bytes
@@ -14,7 +13,7 @@ from adacc_compile.passes.budget import resolve_budget
 from adacc_compile.passes.calibrate import (
     Calibration, calibrate_candidates, calibrated_candidates, lossy_options, not_calibrated,
 )
-from adacc_compile.passes.candidates import CandidateSet, find_candidates
+from adacc_compile.passes.candidates import CandidateSet, find_candidates, with_step_constants
 from adacc_compile.passes.codec_options import allowed_codecs, make_compress_options
 from adacc_compile.passes.default_plan import counted_saved_bytes, default_plan
 from adacc_compile.passes.depth_fold import make_fold, repeated_block
@@ -74,6 +73,11 @@ def candidates_stage(state: PartitionState) -> None:
         profile=state.profile, mode=state.mode, num_fwd_outputs=state.num_fwd_outputs,
         step_budget=state.config.budget_scope == "step",
     )
+    if state.config.budget_scope == "step":
+        state.earlier_output_bytes = earlier_output_bytes(state)
+        state.candidates = with_step_constants(
+            state.candidates, forward=state.earlier_output_bytes, backward=state.later_gradient_bytes
+        )
 
 
 def calibrate_stage(state: PartitionState) -> None:
@@ -175,16 +179,29 @@ def budget_stage(state: PartitionState) -> None:
         held_by_earlier_graphs=state.held_by_earlier_graphs,
         held_default_by_earlier_graphs=state.held_default_by_earlier_graphs,
         scope=state.config.budget_scope,
+        boundary_cap=state.boundary_cap_bytes,
     )
-    if state.config.budget_scope == "step" and state.earlier_graphs:
-        warnings.warn(
-            f"adacc: budget_scope='step' with graph breaks: graph {state.graph_index} is planned for its own "
-            f"step peak less the activations earlier graphs {list(state.earlier_graphs)} hold through it; their "
-            f"gradients and its own memory in their backward are not charged, so the step can exceed the "
-            f"budget (on Hugging Face GPT-2, two graphs, it measured 34% over); budget_scope='activations' "
-            f"shares the budget across graphs",
-            stacklevel=2,
-        )
+
+
+def earlier_output_bytes(state: PartitionState) -> int:
+    """After a graph break (``state.earlier_graphs``): the bytes of this
+    graph's activation inputs (not parameters or buffers). They are earlier
+    graphs' outputs, allocated inside the step and held by the caller
+    through this graph's forward: Hugging Face GPT-2's logits, which its
+    loss graph reads while it writes their exponentials, is where that
+    step peaks (measured). An input the plan keeps for the backward is then
+    counted twice in the model's forward rows (as a constant and as a kept
+    value), never in the simulation. The first graph's inputs were
+    allocated before the step."""
+    if not state.earlier_graphs:
+        return 0
+    assert state.info is not None
+    static = set(state.info.static_lifetime_input_nodes)
+    return sum(
+        tensor_bytes(n.meta.get("val"))
+        for n in state.joint.graph.nodes
+        if compat.is_primal(n) and n not in static
+    )
 
 
 def charged_inputs(state: PartitionState) -> frozenset[str]:
@@ -209,6 +226,8 @@ def plan_stage(state: PartitionState) -> None:
         fold=state.fold,
         codec_parameters=state.calibration.codec_parameters() if state.calibration is not None else {},
         profile=state.profile,
+        forward_extra_bytes=state.earlier_output_bytes,
+        backward_extra_bytes=state.later_gradient_bytes,
     )
     outcome = search_plan(
         context, state.candidates, state.reduction, state.budget,

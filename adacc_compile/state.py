@@ -42,6 +42,16 @@ class PartitionState:
     """What PyTorch's default plans of those graphs would hold (a ratio
     budget is of the step's default total)."""
     earlier_graphs: tuple[int, ...] = ()
+    boundary_cap_bytes: int | None = None
+    """Saved bytes later graphs of the step leave this one at its
+    forward/backward boundary (`step_ledger.StepLedger.ask_room`)."""
+    earlier_output_bytes: int = 0
+    """Under a step budget after a graph break: earlier graphs' outputs
+    this graph reads, alive through its forward (`stages.earlier_output_bytes`)."""
+    later_gradient_bytes: int = 0
+    """Bytes later graphs' backwards leave alive (their returned
+    gradients) through this graph's backward, under a step budget: a
+    constant of its backward rows and simulation."""
     fold_copies: int = 0
     """Depth folding (`depth_fold`, ``adacc plan`` on a deep model traced
     shallow): the number of copies of a middle block the step has beyond

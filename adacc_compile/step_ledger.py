@@ -17,15 +17,35 @@ PyTorch's default plan's) when its forward returns; the entry is released
 when the backward of that call runs (a hook on the outputs' autograd node).
 The ledger is process-wide, like the memory it accounts for; a forward
 whose backward never runs leaves its entry until the same graph runs again.
+
+Room for later graphs (``budget_scope="step"``): a later graph's own step
+peak (its activations, its gradients, its loss's logits) comes on top of
+what the earlier graphs hold, and it is known only once the later graph is
+planned, after the earlier ones ran. Where the later graph's plan cannot
+fit beside them, it asks the earlier graphs for the difference
+(`ask_room`): each is capped, in proportion to what it holds, at fewer
+saved bytes at its forward/backward boundary (`cap_for`). An earlier
+graph re-plans once under its cap at its next call, the next step boundary
+(`StepBudgetGraph`, or `adaptation.AdaptiveGraph` with ``adapt``): the
+first step of a model with graph breaks may exceed a step budget, and
+later steps keep it where the earlier graphs' reachable minimum allows.
 """
 
 from __future__ import annotations
 
+import math
 import threading
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+
+from adacc_compile import compat
+from adacc_compile.passes.annotate import tensor_bytes
+
+if TYPE_CHECKING:
+    from adacc_compile.state import PartitionState
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +61,14 @@ class StepLedger:
         self._lock = threading.Lock()
         self._held: dict[int, Holding] = {}
         self._next = 0
+        self._caps: dict[int, int] = {}
+        """Per graph, the saved bytes its boundary may hold so that later
+        graphs of the step fit (the lowest asked)."""
+        self._after: dict[int, dict[int, int]] = {}
+        """Per graph, per later graph: the bytes the later graph's backward
+        leaves alive (its parameters' gradients) through this graph's backward."""
+        self._planned: dict[int, _Planned] = {}
+        """Per graph, what its current plan was made under."""
 
     def new_graph(self) -> int:
         with self._lock:
@@ -68,6 +96,76 @@ class StepLedger:
     def clear(self) -> None:
         with self._lock:
             self._held.clear()
+            self._caps.clear()
+            self._after.clear()
+            self._planned.clear()
+
+    def ask_room(self, asker: int, over_bytes: int, gradient_bytes: int) -> dict[int, int]:
+        """Graph ``asker``'s plan needs ``over_bytes`` more than the budget
+        leaves beside the graphs holding now, and its backward leaves
+        ``gradient_bytes`` alive through theirs. Caps each holding graph, in
+        proportion to what it holds, at that much less, and charges the
+        gradients to its backward. Returns the caps set (graph -> saved bytes)."""
+        holding = self.holding()
+        held = sum(h.saved_bytes for h in holding)
+        caps = {}
+        with self._lock:
+            for h in holding:
+                self._after.setdefault(h.graph, {})[asker] = gradient_bytes
+                if over_bytes > 0 and held > 0:
+                    cap = max(0, h.saved_bytes - math.ceil(over_bytes * h.saved_bytes / held))
+                    self._caps[h.graph] = caps[h.graph] = min(cap, self._caps.get(h.graph, cap))
+        return caps
+
+    def cap_for(self, graph: int) -> int | None:
+        """Saved bytes graph ``graph`` may hold at its boundary (None: no cap)."""
+        with self._lock:
+            return self._caps.get(graph)
+
+    def later_gradient_bytes(self, graph: int) -> int:
+        """Bytes later graphs' backwards leave alive through ``graph``'s backward."""
+        with self._lock:
+            return sum(self._after.get(graph, {}).values())
+
+    def planned_under(self, graph: int, *, cap: int | None, later_gradients: int, peak: int, budget: int) -> None:
+        """Graph ``graph`` was (re-)planned under ``cap`` and
+        ``later_gradients``, for a simulated step peak ``peak`` against its
+        budget ``budget`` (bytes)."""
+        with self._lock:
+            self._planned[graph] = _Planned(cap, later_gradients, peak, budget)
+
+    def needs_room(self, graph: int) -> bool:
+        """Whether ``graph``'s plan no longer fits what later graphs of the
+        step asked since it was made: a lower cap, or more of their
+        gradients than its budget has room for beside its own peak."""
+        with self._lock:
+            planned = self._planned.get(graph)
+            if planned is None:
+                return False
+            cap = self._caps.get(graph)
+            if cap is not None and (planned.cap is None or cap < planned.cap):
+                return True
+            extra = sum(self._after.get(graph, {}).values()) - planned.later_gradients
+            return extra > 0 and planned.peak + extra > planned.budget
+
+    def settle(self, graph: int) -> None:
+        """``graph`` was asked and answered (re-planned, or could not): no
+        further re-plan until a later graph asks again."""
+        with self._lock:
+            planned = self._planned.get(graph)
+            if planned is not None:
+                later = sum(self._after.get(graph, {}).values())
+                self._planned[graph] = _Planned(
+                    self._caps.get(graph), later, planned.peak + max(0, later - planned.later_gradients), planned.budget
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    cap: int | None
+    later_gradients: int
+    peak: int
+    budget: int
 
 
 LEDGER = StepLedger()
@@ -90,3 +188,77 @@ def tracked(compiled: Callable[..., Any], holding: Holding, ledger: StepLedger =
         return out
 
     return run
+
+
+def ask_earlier_graphs_for_room(state: "PartitionState", ledger: StepLedger = LEDGER) -> dict[int, int]:
+    """Under a step budget, after ``state``'s graph is planned: where its
+    simulated step peak exceeds what the budget leaves it beside the
+    earlier graphs' saved activations, those graphs are asked for the
+    difference (`StepLedger.ask_room`), with a warning. Returns the caps."""
+    if not state.earlier_graphs or state.timeline is None or state.budget is None:
+        return {}
+    over = state.timeline.peak_bytes - state.budget.requested_bytes
+    caps = ledger.ask_room(state.graph_index, over, parameter_gradient_bytes(state))
+    if caps:
+        warnings.warn(
+            f"adacc: budget_scope='step' with graph breaks: graph {state.graph_index} needs {over} bytes more "
+            f"than the budget leaves it beside what graphs {sorted(caps)} hold through it, so this step can "
+            f"exceed the budget; at their next call they re-plan to hold at most "
+            f"{', '.join(f'{b} bytes (graph {g})' for g, b in sorted(caps.items()))} at their forward/backward "
+            f"boundary",
+            stacklevel=3,
+        )
+    return caps
+
+
+def parameter_gradient_bytes(state: "PartitionState") -> int:
+    """Bytes of the gradients ``state``'s backward returns for its static
+    inputs (parameters, buffers): they stay alive after it, through the
+    backward of earlier graphs. The gradients of its other inputs are an
+    earlier graph's tangents, charged by that graph's own backward
+    (`lifetimes.backward_base`)."""
+    assert state.info is not None
+    output = next(n for n in reversed(state.joint.graph.nodes) if n.op == "output")
+    grads = list(output.args[0])[state.num_fwd_outputs :]
+    primals = [n for n in state.joint.graph.nodes if compat.is_primal(n)]
+    static = set(state.info.static_lifetime_input_nodes)
+    if len(grads) != len(primals):  # not AOTAutograd's layout: every gradient, to be safe
+        return sum(tensor_bytes(g.meta.get("val")) for g in grads if isinstance(g, torch.fx.Node))
+    return sum(
+        tensor_bytes(g.meta.get("val"))
+        for p, g in zip(primals, grads)
+        if isinstance(g, torch.fx.Node) and p in static
+    )
+
+
+class StepBudgetGraph:
+    """A compiled training graph under a step budget: at the first call
+    after a later graph of the step asked it for room (`StepLedger
+    .ask_room`), the step boundary, it is planned and compiled again under
+    its cap (``replan``) and runs that from then on.
+
+    Steps in flight keep their own backward (AOTAutograd's autograd node
+    holds it). With ``adapt``, `adaptation.AdaptiveGraph` does the same."""
+
+    def __init__(
+        self,
+        compiled: Callable[..., Any],
+        replan: Callable[[tuple[Any, ...]], Callable[..., Any] | None],
+        graph: int,
+        ledger: StepLedger = LEDGER,
+    ) -> None:
+        self.compiled = compiled
+        self.replan = replan
+        self.graph = graph
+        self.ledger = ledger
+        self.replans = 0
+
+    def __call__(self, *args: Any) -> Any:
+        if self.ledger.needs_room(self.graph):
+            compiled = self.replan(args)
+            self.replans += 1
+            self.ledger.settle(self.graph)
+
+            if compiled is not None:
+                self.compiled = compiled
+        return self.compiled(*args)

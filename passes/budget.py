@@ -86,6 +86,7 @@ def resolve_budget(
     held_by_earlier_graphs: int = 0,
     held_default_by_earlier_graphs: int = 0,
     scope: str = "activations",
+    boundary_cap: int | None = None,
 ) -> BudgetResolution:
     """``problem`` is what the planner solves (reduced by block reuse);
     ``full_problem`` and ``default_plan`` (PyTorch's choice as a legal plan
@@ -96,7 +97,11 @@ def resolve_budget(
     (each saved tensor at its own size). Where it saves views, adacc holds
     their bases (what really stays alive), which can be more: the boundary
     share of a ratio is anchored at the smaller of the two, so that
-    ``memory_budget=1.0`` never saves more than PyTorch says it does."""
+    ``memory_budget=1.0`` never saves more than PyTorch says it does.
+
+    ``boundary_cap``: saved bytes at the forward/backward boundary that
+    later graphs of the step leave this one (`step_ledger.StepLedger
+    .ask_room`), a cap on the boundary share besides the ratio's."""
     assert problem.memory is not None, "resolve_budget needs a problem with a memory model"
     full_problem = full_problem or problem
     # The fastest plan, without memory rows (nothing bounds it).
@@ -120,6 +125,8 @@ def resolve_budget(
     else:
         requested = budget.resolve(0) - held_by_earlier_graphs
         boundary = None
+    if boundary_cap is not None:
+        boundary = boundary_cap if boundary is None else min(boundary, boundary_cap)
     return BudgetResolution(
         budget_bytes=requested,
         boundary_bytes=boundary,

@@ -20,6 +20,8 @@ a recompute chain). Legality per value:
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -47,6 +49,22 @@ class CandidateSet:
     problem: PlanProblem
     nodes: dict[str, fx.Node]
     """Candidate name -> joint-graph node."""
+
+
+def with_step_constants(candidates: CandidateSet, *, forward: int = 0, backward: int = 0) -> CandidateSet:
+    """``candidates`` with ``forward`` more bytes alive at every forward
+    position and ``backward`` more at every backward position of a step
+    budget's layout (constants of the rows): what other graphs of the step
+    hold through this one (`adacc_compile.step_ledger`)."""
+    layout = candidates.problem.layout
+    if layout is None or not layout.backward_base or not (forward or backward):
+        return candidates
+    layout = dataclasses.replace(
+        layout,
+        forward_base=tuple(b + forward for b in layout.forward_base),
+        backward_base=tuple(b + backward for b in layout.backward_base),
+    )
+    return dataclasses.replace(candidates, problem=dataclasses.replace(candidates.problem, layout=layout))
 
 
 def find_candidates(

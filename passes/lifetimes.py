@@ -29,7 +29,7 @@ from typing import Iterable
 
 import torch.fx as fx
 
-from adacc_compile.compat import JointGraphInfo
+from adacc_compile.compat import JointGraphInfo, is_tangent
 
 from .annotate import annotation, tensor_bytes
 from .fusion import Realization, materialised
@@ -217,12 +217,20 @@ def step_layout(
         forward_base=tuple(base),
         forward_layers=layers_fw,
         backward_layers=layers_bw,
-        backward_base=backward_base(orders, mode) if with_backward_base else (),
+        backward_base=backward_base(orders, mode, tangents(gm)) if with_backward_base else (),
     )
 
 
-def backward_base(orders: Orders, mode: Realization) -> tuple[int, ...]:
-    """Bytes the backward's own values hold at each backward position: each
+def tangents(gm: fx.GraphModule) -> list[fx.Node]:
+    """The joint graph's tangents: the gradients of its outputs (a scalar
+    loss's 4 bytes; after a graph break, the gradient of the activation
+    the next graph read), inputs of the backward."""
+    return [n for n in gm.graph.nodes if is_tangent(n)]
+
+
+def backward_base(orders: Orders, mode: Realization, inputs: Iterable[fx.Node] = ()) -> tuple[int, ...]:
+    """Bytes the backward's own values hold at each backward position: its
+    ``inputs`` (`tangents`) from its start to their last reader, and each
     gradient (or other backward value) that allocates under ``mode``, from
     its node to its storage's last backward reader, or to the end where the
     backward returns it (a parameter's gradient). No plan changes them, so
@@ -242,6 +250,10 @@ def backward_base(orders: Orders, mode: Realization) -> tuple[int, ...]:
         else:
             end = max([position, *(orders.backward[r] for r in readers if r in orders.backward)])
         spans.append((position, end, nbytes))
+    for node in inputs:
+        readers = [orders.backward[r] for r in _storage_readers(node) if r in orders.backward]
+        if readers and (nbytes := tensor_bytes(node.meta.get("val"))):
+            spans.append((0, max(readers), nbytes))
     return tuple(_bytes_alive(count, spans))
 
 

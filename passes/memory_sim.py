@@ -148,20 +148,27 @@ def simulate_step(
     forward_names: Iterable[str] = (),
     mode: Realization = Realization.EAGER,
     charged_inputs: Iterable[str] = (),
+    forward_extra_bytes: int = 0,
+    backward_extra_bytes: int = 0,
 ) -> MemoryTimeline:
     """Simulates forward then backward; ``forward_names`` are the joint
     graph's forward node names (a backward node with such a name is a
-    recomputation and counts as activation memory)."""
+    recomputation and counts as activation memory). ``forward_extra_bytes``
+    are alive through the whole forward, ``backward_extra_bytes`` through the
+    whole backward, besides the graph's own (under a step budget, what other
+    graphs of the step hold: `adacc_compile.step_ledger`)."""
     state = _State()
     workspaces = _workspaces()
     forward_names = set(forward_names)
     charged = set(charged_inputs)
     fw_outputs = _output_nodes(fw_module)
     saved_outputs = fw_outputs[num_fwd_outputs:]
+    state.live += forward_extra_bytes
     fw_storages = _run_graph(
         fw_module, state, "forward", keep=set(fw_outputs), is_activation=lambda node: True,
         workspaces=workspaces, mode=mode,
     )
+    state.live -= forward_extra_bytes  # a kept input among them is charged below
     for out in fw_outputs[:num_fwd_outputs]:  # handed to the caller at the boundary
         for storage in _real(fw_storages.get(out, ())) if out is not None else ():
             storage.donatable = False
@@ -197,6 +204,11 @@ def simulate_step(
     for storage in saved_storages.values():
         if not any(any(storage is x for x in v) for v in preset.values()):
             state.free(storage)  # saved but never read: freed at once
+    state.live += backward_extra_bytes
+    for node in bw_inputs:  # the tangents, gradients of the forward's outputs: to their last reader
+        if "tangents" in node.name and node not in preset and (nbytes := _nbytes(node.meta.get("val"))):
+            preset[node] = [_Storage(nbytes=nbytes, donatable=False)]
+            state.alloc(preset[node][0])
     _run_graph(
         bw_module,
         state,

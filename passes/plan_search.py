@@ -78,6 +78,10 @@ class SplitContext:
     profile: DeviceProfile | None = None
     """The plan's cost model: which form of a codec the rewrite inserts
     (`codec_form.graph_form`)."""
+    forward_extra_bytes: int = 0
+    """Alive through the forward besides its own bytes (`memory_sim.simulate_step`)."""
+    backward_extra_bytes: int = 0
+    """Alive through the backward besides its own bytes (`memory_sim.simulate_step`)."""
 
     @property
     def forward_names(self) -> set[str]:
@@ -383,7 +387,7 @@ def _relax_boundary(
         solution = least
     note = (
         f"no plan within the peak budget holds at most {budget.boundary_bytes} bytes at the forward/backward "
-        f"boundary (the ratio's share of the default's saved bytes); the boundary cap is the least any plan "
+        f"boundary (the ratio's share of the default's saved bytes, or what later graphs of the step leave it); the boundary cap is the least any plan "
         f"within the peak holds, {relaxed.boundary_bytes} bytes"
     )
     log.info("adacc: %s", note)
@@ -461,6 +465,7 @@ def _split(
     timeline = simulate_step(
         fw, bw, num_fwd_outputs=context.num_fwd_outputs, forward_names=context.forward_names,
         mode=context.mode, charged_inputs=context.charged_inputs,
+        forward_extra_bytes=context.forward_extra_bytes, backward_extra_bytes=context.backward_extra_bytes,
     )
     if context.fold is not None:
         timeline = context.fold.extend_for(timeline, candidates.problem, solution)

@@ -9,7 +9,7 @@ import torch.fx as fx
 
 from adacc_compile.compat import JointGraphInfo
 from adacc_compile.passes.fusion import Realization
-from adacc_compile.passes.lifetimes import backward_base, step_orders
+from adacc_compile.passes.lifetimes import backward_base, step_orders, tangents
 
 aten = torch.ops.aten
 
@@ -51,3 +51,17 @@ def test_a_gradient_lives_to_its_last_reader_and_a_returned_one_to_the_end():
     # (32 B) and add (8 B) are returned; the view owns nothing.
     assert backward_base(orders, Realization.EAGER) == (16, 48, 48, 56)
 
+
+
+def test_a_tangent_lives_from_the_backwards_start_to_its_last_reader():
+    """After a graph break a tangent is the gradient of an activation the
+    next graph read (HF GPT-2's logits: 411 MB), not a scalar loss's."""
+    gm, info = _joint()
+    orders = step_orders(gm, info)
+    (tangent,) = tangents(gm)
+    tangent.meta["val"] = torch.empty(25)  # 100 B, read by mul_1 only (the first backward node)
+    assert backward_base(orders, Realization.EAGER, [tangent]) == (116, 48, 48, 56)
+    # Read again by the last node: alive throughout.
+    add = next(n for n in gm.graph.nodes if n.name == "add")
+    add.args = (add.args[0], tangent)
+    assert backward_base(orders, Realization.EAGER, [tangent]) == (116, 148, 148, 156)

@@ -602,3 +602,24 @@ def test_graph_scratch_counts_what_a_graph_holds_beyond_its_inputs_and_outputs()
     annotate(gm, profile_by_name("h100"), frozenset())
     assert graph_scratch_bytes(gm, mode=Realization.EAGER) == 2 * 4096 - 4
     assert graph_scratch_bytes(gm, mode=Realization.INDUCTOR) == 0
+
+
+def test_tangents_live_to_their_last_reader_and_other_graphs_bytes_are_constants():
+    """After a graph break a tangent is as large as an activation (the
+    gradient of what the next graph read); under a step budget, bytes other
+    graphs hold through this one's forward or backward are constants."""
+    x = torch.randn(1024)
+    fw = make_fx(forward, tracing_mode="fake")(x)
+    bw = make_fx(backward, tracing_mode="fake")(torch.randn(32, 32), torch.randn(32, 32))
+    fw_view = [n for n in fw.graph.nodes if n.op == "call_function"][2]
+    saved, tangent = [n for n in bw.graph.nodes if n.op == "placeholder"]
+    saved.name, tangent.name = fw_view.name, "tangents_1"
+    kib4 = 4096
+    timeline = simulate_step(fw, bw, num_fwd_outputs=1, forward_extra_bytes=100, backward_extra_bytes=50)
+    fw_live = [e.live_bytes for e in timeline.events if e.phase == "forward" and e.node != "<boundary>"]
+    bw_live = [e.live_bytes for e in timeline.events if e.phase == "backward"]
+    assert max(fw_live) == 2 * kib4 + 100
+    # At d: B (saved), the tangent and D, plus c (4 B) and the constant;
+    # at e the tangent is gone: D and E.
+    assert max(bw_live) == 3 * kib4 + 4 + 50
+    assert bw_live[-1] == kib4 + 4 + 50  # E and c at the output
