@@ -5,6 +5,12 @@ partitioner, side by side in one process (steps interleaved, medians).
 
     python bench/bench_peak.py [--models gpt llama hf_gpt2] [--budgets 1.0 0.7 0.5 0.3 0.1]
         [--torch-budgets 0.5 0.3 0.1] [--repeats 3] [--out bench/results/peak_sweep.md]
+        [--step-budget]
+
+``--step-budget`` adds a second round per model: full AC again, and adacc
+with ``budget_scope="step"`` at full AC's peak measured in the first round
+(the budget of a user who has that much memory), its peak measured after
+the warm-up steps in which graphs split by a graph break re-plan.
 
 Models: GPT-style and Llama-style (adacc_examples.models: 4 layers, d_model
 256, seq 256, batch 8, vocab 512) and, if transformers is installed, Hugging
@@ -84,6 +90,28 @@ def variants(budgets, torch_budgets) -> list[Variant]:
     return out
 
 
+def step_budget_round(model, batches, full_ac_peak: int, repeats: int):
+    """Full AC and adacc with ``budget_scope="step"`` at full AC's measured
+    peak, in one run: the budget a user with that much memory would give.
+    With graph breaks the earlier graphs re-plan in the warm-up step
+    (README, *Graph breaks*), so the peak is measured from the third step."""
+    step = Variant(
+        name=f"adacc step budget {full_ac_peak / 2**20:.1f} MiB (full AC's peak)", kind="adacc",
+        options={"memory_budget": int(full_ac_peak), "budget_scope": "step"},
+    )
+    return run_variants(model, batches, [Variant(name="full AC", kind="full_ac"), step], timing_repeats=repeats)
+
+
+def step_budget_lines(results) -> list[str]:
+    full, ours = results
+    return [
+        f"step budget at full AC's measured peak ({ours.name}): measured {ours.peak_bytes / 2**20:.1f} MiB "
+        f"against full AC's {full.peak_bytes / 2**20:.1f} MiB in this round, step time "
+        f"{ours.median_step_seconds / full.median_step_seconds:.2f}x full AC's; graphs planned: "
+        + ", ".join(f"{x['summary']['graph_index']} (saves {x['summary']['planned_saved_bytes'] / 2**20:.1f} MiB)" for x in ours.reports)
+    ]
+
+
 def table(results, reference: str) -> str:
     ref = next(r for r in results if r.name == reference)
     lines = [
@@ -159,6 +187,10 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="bench/results/peak_sweep.md")
+    parser.add_argument(
+        "--step-budget", action="store_true",
+        help="also run adacc with budget_scope='step' at full AC's measured peak, beside full AC (a second round)",
+    )
     args = parser.parse_args(argv)
     import torch._inductor.config as inductor_config
 
@@ -173,9 +205,16 @@ def main(argv=None) -> int:
         model, batches, title = workload(name, args.steps)
         with inductor_config.patch(fallback_random=True):
             results = run_variants(model, batches, variants(args.budgets, args.torch_budgets), timing_repeats=args.repeats)
+        lines = headlines(results)
+        if args.step_budget:
+            full_ac = next(r for r in results if r.name == "full AC")
+            with inductor_config.patch(fallback_random=True):
+                step_round = step_budget_round(model, batches, full_ac.peak_bytes, args.repeats)
+            lines += step_budget_lines(step_round)
+            results = results + [step_round[1]]
         sections.append((title, results))
         block = f"### {title}\n\n" + table(results, "no checkpointing") + "\n\n" + "\n".join(
-            f"- {line}" for line in headlines(results)
+            f"- {line}" for line in lines
         )
         text.append(block)
         print(block, flush=True)
