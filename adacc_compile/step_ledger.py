@@ -258,7 +258,6 @@ class StepBudgetGraph:
             compiled = self.replan(args)
             self.replans += 1
             self.ledger.settle(self.graph)
-
             if compiled is not None:
                 self.compiled = compiled
         return self.compiled(*args)
