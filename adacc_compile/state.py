@@ -49,7 +49,7 @@ class PartitionState:
     """Under a step budget after a graph break: earlier graphs' outputs
     this graph reads, alive through its forward (`stages.earlier_output_bytes`)."""
     later_gradient_bytes: int = 0
-    """Bytes later graphs' backwards leave alive (their returned
+    """Bytes later graphs' backwards leave alive (their parameters'
     gradients) through this graph's backward, under a step budget: a
     constant of its backward rows and simulation."""
     fold_copies: int = 0

@@ -387,7 +387,8 @@ def _relax_boundary(
         solution = least
     note = (
         f"no plan within the peak budget holds at most {budget.boundary_bytes} bytes at the forward/backward "
-        f"boundary (the ratio's share of the default's saved bytes, or what later graphs of the step leave it); the boundary cap is the least any plan "
+        f"boundary (the ratio's share of the default's saved bytes, or what later graphs of the step leave "
+        f"it); the boundary cap is the least any plan "
         f"within the peak holds, {relaxed.boundary_bytes} bytes"
     )
     log.info("adacc: %s", note)
