@@ -578,10 +578,12 @@ def _aten_decompress(
     # The sign bit flags a group with NaN/Inf (-0.0 included); read through
     # float32 bits: Inductor's C++ does not vectorise int16.
     special = s.view(torch.int32) < 0
-    v = q * s.abs()
-    v = torch.where(special & (q == -fmt.qmax - 1.0), float("nan"), v)
-    v = torch.where(special & (q == -fmt.qmax), float("-inf"), v)
-    v = torch.where(special & (q == float(fmt.qmax)), float("inf"), v)
+    # The reserved codes as a factor of the code, not a select of the
+    # product: ±QMAX * inf is ±Inf and (-QMAX - 1) * NaN is NaN. One select
+    # chain instead of three (the compiled decompress alone took 0.79x
+    # (int8) and 0.85x (int4) the time of three, paired, 4096 x 1024 float32).
+    reserved = torch.where(q < -fmt.qmax - 0.5, float("nan"), float("inf"))
+    v = q * torch.where(special & (q.abs() > fmt.qmax - 0.5), reserved, s.abs())
     out = v.to(dtype).view(rows, groups * fmt.group)[:, :channels]
     out = out.index_copy(1, index.long(), values)
     return out.reshape(shape)
