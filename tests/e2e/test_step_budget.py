@@ -41,19 +41,23 @@ def _step_peak(model, compiled, x) -> int:
     return measure_peak_bytes(lambda: compiled(x).backward())
 
 
-def test_a_step_budget_across_graph_breaks_holds_from_the_second_step():
+@pytest.mark.parametrize("adapt", [False, True], ids=["plain", "adaptive"])
+def test_a_step_budget_across_graph_breaks_holds_from_the_second_step(adapt: bool):
     """A body and a head split by a graph break. The head, planned after the
     body ran, cannot fit beside what the body holds: it asks the body for
     room (a warning), and the body re-plans once, at the next step, under
     that cap and with the head's parameter gradients alive through its
-    backward. The first step ran the body's first plan; later ones fit."""
+    backward (`StepBudgetGraph`; with ``adapt``, `AdaptiveGraph`). The
+    first step ran the body's first plan; later ones fit."""
     model, x = TwoGraphs(), torch.randn(512, 64, generator=torch.Generator().manual_seed(1))
     expected = loss_and_grads(model, model, x)
     unbounded, _ = compile_with_reports(model, "adacc_eager", {"memory_budget": "1GB", "budget_scope": "step"})
     unbounded(x).backward()  # compiles
     budget = int(0.9 * _step_peak(model, unbounded, x))
     torch._dynamo.reset()
-    compiled, partitioner = compile_with_reports(model, "adacc_eager", {"memory_budget": budget, "budget_scope": "step"})
+    compiled, partitioner = compile_with_reports(
+        model, "adacc_eager", {"memory_budget": budget, "budget_scope": "step", "adapt": adapt}
+    )
     with pytest.warns(UserWarning, match=r"budget_scope='step' with graph breaks: graph \d+ needs"):
         compiled(x).backward()
     body, head = (r["summary"] for r in partitioner.reports)
