@@ -62,7 +62,7 @@ class BatchSearch:
             for b, m in sorted(self.minimum_by_batch.items())
         )
         return (
-            "activation memory is close to linear in the batch; each guess from a linear fit of the reachable "
+            "the bounded peak is close to linear in the batch; each guess from a linear fit of the reachable "
             f"minimum, verified by tracing and planning that batch (minimum: {tried})"
         )
 

@@ -1,7 +1,8 @@
 """``adacc`` command line: plan a model before renting the GPU.
 
     adacc plan MODEL --gpu h200 --budget 60GiB --batch 4 --seq 4096
-        [--dtype bf16] [--accuracy lossless|balanced|aggressive] [--tp N] [--dump DIR]
+        [--dtype bf16] [--accuracy lossless|balanced|aggressive] [--budget-scope activations|step]
+        [--tp N] [--dump DIR]
 
 MODEL: a ``config.json`` path, a preset (``llama-2-7b``), an architecture
 transformers ships (``llama``) or ``module:factory`` (`model_source`). The
@@ -45,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--seq", type=int, required=True, help="sequence length (tokens)")
     plan.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     plan.add_argument("--accuracy", default="lossless", choices=ACCURACY_MODES)
+    plan.add_argument("--budget-scope", default="activations", choices=("activations", "step"),
+                      help="what --budget bounds: the activation peak, or the whole step's peak (gradients too; "
+                           "parameters and optimizer state not included)")
     plan.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: plan one rank's shard")
     plan.add_argument("--dump", metavar="DIR", help="write the dump artifacts and a strategy memory plot to DIR")
     plan.add_argument("--no-fold", action="store_true",
@@ -85,6 +89,7 @@ def run_plan(args: argparse.Namespace, out: TextIO, *, fork: bool = False) -> in
         "memory_budget": args.budget,
         "device_profile": args.gpu,
         "accuracy": args.accuracy,
+        "budget_scope": args.budget_scope,
         "solver_time_limit_s": args.solver_time_limit,
         "solver_node_limit": args.solver_node_limit,
         "calibrate_codecs": False,  # fake tensors: nothing to calibrate on
@@ -117,7 +122,7 @@ def run_plan(args: argparse.Namespace, out: TextIO, *, fork: bool = False) -> in
             search = batch_search.largest_batch(
                 minimum_at,
                 asked_batch=args.batch,
-                minimum_bytes=int(result.summary["predicted_activation_peak_bytes"]) if clamped else minimum_at(args.batch),
+                minimum_bytes=_bounded_peak(result.summary) if clamped else minimum_at(args.batch),
                 budget_bytes=int(result.summary["requested_budget_bytes"]),
             )
             progress.done()
@@ -132,15 +137,22 @@ def run_plan(args: argparse.Namespace, out: TextIO, *, fork: bool = False) -> in
 def _reachable_minimum(
     source: ModelSource, batch: int, seq: int, dtype: torch.dtype, config: AdaccConfig, fold: bool
 ) -> int:
-    """The lowest activation peak a plan reaches at ``batch``: the simulated
-    peak of the plan made for a budget of two bytes, which the budget stage
-    clamps to the reachable minimum (the split graphs' simulation, not the
-    model's bound, so it is what that plan would hold)."""
+    """The lowest peak the budget bounds (`_bounded_peak`) a plan reaches
+    at ``batch``: the simulated peak of the plan made for a budget of two
+    bytes, which the budget stage clamps to the reachable minimum (the split
+    graphs' simulation, not the model's bound, so it is what that plan
+    would hold)."""
     from adacc_compile import plan_preview
 
     traced = plan_preview.trace(source, batch=batch, seq=seq, dtype=dtype, fold=fold, whole_ops=whole_ops(config))
     state = plan_preview.plan(traced, config)
-    return int(state.report["summary"]["predicted_activation_peak_bytes"])
+    return _bounded_peak(state.report["summary"])
+
+
+def _bounded_peak(summary: dict) -> int:
+    """The simulated peak the budget bounds: the step's under ``budget_scope="step"``."""
+    key = "predicted_peak_bytes" if summary.get("budget_scope") == "step" else "predicted_activation_peak_bytes"
+    return int(summary[key])
 
 
 class Progress:

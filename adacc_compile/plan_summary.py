@@ -20,16 +20,27 @@ from adacc_compile.report import folded_plan_table, human_bytes
 gib = human_bytes
 
 
+def bounded_peak(strategy: Strategy, scope: str) -> int:
+    """The peak of ``strategy`` the budget bounds under ``scope``
+    (`AdaccConfig.budget_scope`): its step peak or its activation peak."""
+    return strategy.step_peak_bytes if scope == "step" else strategy.activation_peak_bytes
+
+
+def _scope_label(scope: str) -> str:
+    return "step peak" if scope == "step" else "activation peak"
+
+
 def report_text(*, source: ModelSource, args: argparse.Namespace, result: Preview,
                 search: BatchSearch | None) -> str:
     s = result.summary
     traced = result.traced
     budget = int(s["requested_budget_bytes"])
+    scope = s.get("budget_scope", "activations")
     lines = [
         f"adacc plan: {source.description}",
         f"  batch {traced.batch} x seq {traced.seq}, {args.dtype}, parameters {gib(traced.parameter_bytes)}, "
         f"GPU profile {args.gpu} ({BUILTIN_PROFILES[args.gpu].name}), accuracy {args.accuracy}",
-        f"  budget (activation peak): {gib(budget)}" + (f" (--budget {args.budget})" if not args.budget[-1:].isalpha() else ""),
+        f"  budget ({_scope_label(scope)}): {gib(budget)}" + (f" (--budget {args.budget})" if not args.budget[-1:].isalpha() else ""),
         f"  traced in {traced.trace_seconds:.1f} s ({len(traced.joint.gm.graph.nodes)} joint-graph nodes), "
         f"planned in {result.plan_seconds:.1f} s (MILP {s['solve_seconds']:.2f} s, {s['solver_status']}), "
         f"strategies simulated in {result.compare_seconds:.1f} s",
@@ -46,13 +57,14 @@ def report_text(*, source: ModelSource, args: argparse.Namespace, result: Previe
     if source.max_positions is not None and traced.seq > source.max_positions:
         lines.append(f"  note: seq {traced.seq} exceeds the config's max_position_embeddings {source.max_positions}")
     lines += ["", "Plan, folded by block (identical decisions share a row):", folded_plan_table(result.state.report["plan"], repeat=fold_repeat)]
-    lines += ["", strategy_table(result.strategies, budget, traced.parameter_bytes)]
+    lines += ["", strategy_table(result.strategies, budget, traced.parameter_bytes, scope)]
     lines += ["", *verdict(result, search, budget)]
     return "\n".join(lines)
 
 
-def strategy_table(strategies: list[Strategy], budget: int, parameter_bytes: int) -> str:
-    """The strategies on the same graph, adacc first."""
+def strategy_table(strategies: list[Strategy], budget: int, parameter_bytes: int, scope: str = "activations") -> str:
+    """The strategies on the same graph, adacc first; "fits" compares the
+    peak the budget bounds under ``scope``."""
     base = next((x for x in strategies if x.name.startswith("no checkpointing")), strategies[0])
     lines = [
         "Predicted memory and time on the same graph (adacc's memory simulator, Inductor fusion):",
@@ -63,11 +75,13 @@ def strategy_table(strategies: list[Strategy], budget: int, parameter_bytes: int
         lines.append(
             f"  {x.name:<36} {gib(x.saved_bytes):>10} {gib(x.activation_peak_bytes):>10} {gib(x.step_peak_bytes):>10} "
             f"{gib(x.step_peak_bytes + parameter_bytes):>10} {1e3 * x.step_seconds:>8.1f}ms "
-            f"{x.step_seconds / max(base.step_seconds, 1e-12):>7.2f}x  {'yes' if x.activation_peak_bytes <= budget else 'no'}"
+            f"{x.step_seconds / max(base.step_seconds, 1e-12):>7.2f}x  {'yes' if bounded_peak(x, scope) <= budget else 'no'}"
         )
+    bounds = ("act. peak", "step peak") if scope != "step" else ("step peak", "act. peak")
     lines.append(
-        "  act. peak: what the budget bounds (forward values alive for the backward, recomputed and decompressed "
-        "values); step peak: the whole simulated step (activations, gradients, temporaries), parameters not "
+        f"  {bounds[0]}: what the budget bounds (--budget-scope {scope}); "
+        "act. peak: forward values alive for the backward, recomputed and decompressed "
+        "values; step peak: the whole simulated step (activations, gradients, temporaries), parameters not "
         "included; + weights: step peak plus the parameters (no optimizer state); est. step: roofline time of "
         "the step on the GPU profile plus each plan's recomputation and codec time"
     )
@@ -77,9 +91,10 @@ def strategy_table(strategies: list[Strategy], budget: int, parameter_bytes: int
 def verdict(result: Preview, search: BatchSearch | None, budget: int) -> list[str]:
     s = result.summary
     adacc = result.strategies[0]
+    scope = s.get("budget_scope", "activations")
     if result.fits:
         return [
-            f"Fits: adacc's activation peak {gib(adacc.activation_peak_bytes)} is within the budget {gib(budget)}; "
+            f"Fits: adacc's {_scope_label(scope)} {gib(bounded_peak(adacc, scope))} is within the budget {gib(budget)}; "
             f"estimated step {1e3 * adacc.step_seconds:.1f} ms on this GPU profile "
             f"(+{1e3 * s['estimated_added_seconds']:.1f} ms recomputation and codecs)."
         ]
@@ -123,7 +138,8 @@ def write_dump(folder: str, text: str, result: Preview, search: BatchSearch | No
 
 
 def plot_strategies(result: Preview, path: str) -> bool:
-    """Simulated activation memory (what the budget bounds) over the step, one line per strategy
+    """Simulated memory the budget bounds (activations, or under
+    ``budget_scope="step"`` everything) over the step, one line per strategy
     (x: fraction of the step, since each split has its own node count).
     Skipped, returning False, without matplotlib (a dev dependency)."""
     try:
@@ -133,16 +149,18 @@ def plot_strategies(result: Preview, path: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    top = max(x.activation_peak_bytes for x in result.strategies)
+    scope = result.summary.get("budget_scope", "activations")
+    top = max(bounded_peak(x, scope) for x in result.strategies)
     unit, scale = ("GiB", 2**30) if top >= 2**30 else ("MiB", 2**20)
     fig, ax = plt.subplots(figsize=(9, 4))
     for x in result.strategies:
         events = x.timeline.events
         n = max(len(events) - 1, 1)
-        ax.plot([i / n for i in range(len(events))], [e.activation_bytes / scale for e in events], label=x.name, linewidth=1)
-    ax.axhline(result.summary["requested_budget_bytes"] / scale, color="gray", linestyle="--", label="budget (activations)")
+        values = [(e.live_bytes if scope == "step" else e.activation_bytes) / scale for e in events]
+        ax.plot([i / n for i in range(len(events))], values, label=x.name, linewidth=1)
+    ax.axhline(result.summary["requested_budget_bytes"] / scale, color="gray", linestyle="--", label=f"budget ({scope})")
     ax.set_xlabel("step (forward, then backward), fraction of its ops")
-    ax.set_ylabel(f"simulated activation {unit}")
+    ax.set_ylabel(f"simulated {'step' if scope == 'step' else 'activation'} {unit}")
     ax.set_title(f"adacc plan: batch {result.traced.batch}, seq {result.traced.seq}")
     ax.legend(fontsize=8)
     fig.tight_layout()

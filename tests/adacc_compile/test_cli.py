@@ -64,6 +64,23 @@ def test_tiny_config_folded_table_matches_dumped_summary(tiny_config, tmp_path, 
     assert (dump / "strategies_memory.png").stat().st_size > 0
 
 
+def test_a_step_budget_scope_bounds_and_reports_the_step_peak(tiny_config, tmp_path, capsys):
+    dump = tmp_path / "dump"
+    code, out, err = _plan(capsys, tiny_config, "--gpu", "h100", "--budget", "0.7", "--batch", "2", "--seq", "16",
+                           "--budget-scope", "step", "--dump", str(dump))
+    assert code == 0, err
+    summary = json.loads((dump / "graph_000" / "summary.json").read_text())
+    adacc = json.loads((dump / "strategies.json").read_text())["strategies"][0]
+    assert summary["budget_scope"] == "step"
+    assert f"budget (step peak): {gib(summary['requested_budget_bytes'])}" in out
+    fits = adacc["step_peak_bytes"] <= summary["requested_budget_bytes"]
+    row = next(line for line in out.splitlines() if line.strip().startswith("adacc (lossless)"))
+    assert row.rstrip().endswith("yes" if fits else "no")
+    assert ("Fits: adacc's step peak" in out) == (summary["fits_budget"] and not summary["budget_clamped_to_minimum"])
+    assert cli._bounded_peak(summary) == summary["predicted_peak_bytes"]
+    assert cli._bounded_peak({**summary, "budget_scope": "activations"}) == summary["predicted_activation_peak_bytes"]
+
+
 def test_module_factory_route(capsys):
     code, out, err = _plan(capsys, "adacc_cli_factories:tiny_gpt", "--gpu", "h200", "--budget", "0.6",
                            "--batch", "2", "--seq", "16", "--dtype", "fp32")
