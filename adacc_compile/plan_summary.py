@@ -77,9 +77,8 @@ def strategy_table(strategies: list[Strategy], budget: int, parameter_bytes: int
             f"{gib(x.step_peak_bytes + parameter_bytes):>10} {1e3 * x.step_seconds:>8.1f}ms "
             f"{x.step_seconds / max(base.step_seconds, 1e-12):>7.2f}x  {'yes' if bounded_peak(x, scope) <= budget else 'no'}"
         )
-    bounds = ("act. peak", "step peak") if scope != "step" else ("step peak", "act. peak")
     lines.append(
-        f"  {bounds[0]}: what the budget bounds (--budget-scope {scope}); "
+        f"  {'step peak' if scope == 'step' else 'act. peak'}: what the budget bounds (--budget-scope {scope}); "
         "act. peak: forward values alive for the backward, recomputed and decompressed "
         "values; step peak: the whole simulated step (activations, gradients, temporaries), parameters not "
         "included; + weights: step peak plus the parameters (no optimizer state); est. step: roofline time of "
