@@ -21,7 +21,6 @@ a recompute chain). Legality per value:
 from __future__ import annotations
 
 import dataclasses
-
 from dataclasses import dataclass
 from typing import Callable, Iterable
 

@@ -53,7 +53,7 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.fx as fx
 
-from adacc_compile.compat import concrete_int
+from adacc_compile.compat import concrete_int, is_tangent
 from adacc_compile.kernels import Codec, available_codecs, get_codec
 
 from .compress_rewrite import DECOMPRESSED
@@ -206,7 +206,7 @@ def simulate_step(
             state.free(storage)  # saved but never read: freed at once
     state.live += backward_extra_bytes
     for node in bw_inputs:  # the tangents, gradients of the forward's outputs: to their last reader
-        if "tangents" in node.name and node not in preset and (nbytes := _nbytes(node.meta.get("val"))):
+        if is_tangent(node) and node not in preset and (nbytes := _nbytes(node.meta.get("val"))):
             preset[node] = [_Storage(nbytes=nbytes, donatable=False)]
             state.alloc(preset[node][0])
     _run_graph(

@@ -613,7 +613,7 @@ def test_tangents_live_to_their_last_reader_and_other_graphs_bytes_are_constants
     bw = make_fx(backward, tracing_mode="fake")(torch.randn(32, 32), torch.randn(32, 32))
     fw_view = [n for n in fw.graph.nodes if n.op == "call_function"][2]
     saved, tangent = [n for n in bw.graph.nodes if n.op == "placeholder"]
-    saved.name, tangent.name = fw_view.name, "tangents_1"
+    saved.name, tangent.name, tangent.target = fw_view.name, "tangents_1", "tangents_1"  # as AOTAutograd names it
     kib4 = 4096
     timeline = simulate_step(fw, bw, num_fwd_outputs=1, forward_extra_bytes=100, backward_extra_bytes=50)
     fw_live = [e.live_bytes for e in timeline.events if e.phase == "forward" and e.node != "<boundary>"]
