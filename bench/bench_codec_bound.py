@@ -1,0 +1,210 @@
+"""What the best code could make int8_outlier cost on this CPU: a yardstick.
+
+    python bench/bench_codec_bound.py [--rows 4096] [--cols 1024] [--repeats 25] [--json out.json]
+
+Why: the codec-cost goal (compress plus decompress of a value in at most
+1.3 copies of it for int8_outlier, 2 for every codec) is judged against
+what Inductor's C++ code does with the codec's aten form
+(`bench_fused_codecs.py`). This measures how far that code is from the
+machine: `codec_bound.cpp` is a hand-written AVX-512 compress in one
+pass per row (a group's statistics and codes from the same registers, every
+select a mask register) and a decompress, both producing the codec's
+payload and values bit for bit (checked here on every run, NaN and ±Inf
+included). It is built with ``torch.utils.cpp_extension`` on first use (a
+C++ compiler and an AVX-512 CPU needed), and it is never a codec path: a
+compiled plan must not call an extern codec kernel.
+
+In the same process and interleaved rounds it times, as ratios to a copy
+of the value into a buffer allocated once (medians of per-round ratios):
+
+    inductor        the codec's aten forms compiled by Inductor, each alone
+    hand-written    codec_bound.cpp
+    one-byte cast   Inductor's ``x.to(int8)`` and back: the cheapest
+                    one-byte payload its code writes and reads
+
+A value is compressed with calibrated outlier channels (a calibrated plan's
+path). The ratios are standalone: inside a plan, Inductor may fuse the
+compress into its producer, but a decompress whose reader is an extern
+matmul writes the whole float value before the matmul reads it (on this
+CPU, Inductor's matmuls are extern calls), so the decompress column bounds
+its in-graph cost from below.
+
+Like `bench_fused_codecs.py`, it runs under that script's
+`STEADY_ALLOCATOR` (re-executing itself) unless ``--system-allocator``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import shutil
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from adacc_compile import compat
+from adacc_compile.kernels import get_codec
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_fused_codecs import _timed, steady_allocator_env  # noqa: E402
+
+SOURCE = pathlib.Path(__file__).resolve().parent / "codec_bound.cpp"
+CODEC = "int8_outlier"
+
+
+class NoYardstick(RuntimeError):
+    """The hand-written kernels cannot be built or run here (no AVX-512, no compiler)."""
+
+
+def build_extension() -> object:
+    """`codec_bound.cpp` built for this CPU; `NoYardstick` saying why not
+    where the machine cannot (no AVX-512, no C++ compiler, no ninja). A
+    build error of the source itself is raised as it is."""
+    flags = pathlib.Path("/proc/cpuinfo").read_text() if os.path.exists("/proc/cpuinfo") else ""
+    if not all(f in flags for f in ("avx512f", "avx512bw", "avx512dq")):
+        raise NoYardstick("this CPU lacks AVX-512 (F, BW, DQ): the hand-written kernels need it")
+    from torch.utils.cpp_extension import load, verify_ninja_availability
+
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        raise NoYardstick("no C++ compiler (c++, or $CXX) to build the hand-written kernels")
+    try:
+        verify_ninja_availability()
+    except RuntimeError as error:
+        raise NoYardstick(f"torch's extension builder needs ninja: {error}") from error
+    return load(name="adacc_codec_bound", sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native"], verbose=False)
+
+
+def sample(rows: int, cols: int) -> torch.Tensor:
+    """Gaussian values with one strong channel, NaN and ±Inf in regular
+    groups and a NaN in the strong channel (the format's every case)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, cols, generator=gen)
+    x[:, 3] *= 20
+    x[1 % rows, 100 % cols] = float("nan")
+    x[2 % rows, 200 % cols] = float("inf")
+    x[3 % rows, 300 % cols] = -float("inf")
+    x[4 % rows, 3] = float("nan")
+    return x
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit (float and bfloat16 compared as integers, so NaN
+    payloads count)."""
+    views = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.view(views.get(a.dtype, a.dtype)), b.view(views.get(b.dtype, b.dtype)))
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    code: str
+    compress_vs_copy: float
+    decompress_vs_copy: float
+    total_vs_copy: float
+    total_quartiles: tuple[float, float]
+
+
+def _compiled(fn: Callable[..., tuple[torch.Tensor, ...]], args: list[torch.Tensor]) -> Callable[[], object]:
+    graph = compat.trace_aten(fn, args)
+    run = compat.inductor_compile_inference(graph, args)
+    return lambda: run(*args)
+
+
+def measure(ext: object, rows: int, cols: int, repeats: int, min_time: float) -> tuple[list[Row], float]:
+    """Rows of ratios to a copy, and the copy's median milliseconds; raises
+    AssertionError when a hand-written output differs from the codec's."""
+    codec = get_codec(CODEC)
+    x = sample(rows, cols)
+    index = codec.calibration_parameters(x)
+    payload = codec.aten_compress(x, index)
+    hand_payload = ext.compress(x, index)
+    for part, (ours, hand) in enumerate(zip(payload, hand_payload)):
+        assert same_bits(ours, hand), f"hand-written compress differs from {CODEC}'s payload, part {part}"
+    restored = codec.aten_decompress(list(payload), x.shape, x.dtype)
+    assert same_bits(restored, ext.decompress(*payload)), f"hand-written decompress differs from {CODEC}'s"
+    codes = x.to(torch.int8)
+    buffer = torch.empty_like(x)
+    fns = {
+        ("inductor", "compress"): _compiled(lambda v, i: tuple(codec.aten_compress(v, i)), [x, index]),
+        ("inductor", "decompress"): _compiled(
+            lambda *p: (codec.aten_decompress(list(p), x.shape, x.dtype),), list(payload)),
+        ("hand-written", "compress"): lambda: ext.compress(x, index),
+        ("hand-written", "decompress"): lambda: ext.decompress(*payload),
+        ("one-byte cast", "compress"): _compiled(lambda v: (v.to(torch.int8),), [x]),
+        ("one-byte cast", "decompress"): _compiled(lambda c: (c.float(),), [codes]),
+        ("copy", "copy"): lambda: buffer.copy_(x),
+    }
+    for fn in fns.values():
+        fn()
+    inner = {key: max(1, int(min_time / max(_timed(fn, 1), 1e-7))) for key, fn in fns.items()}
+    times = {key: [] for key in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            times[key].append(_timed(fn, inner[key]))
+    copy = times[("copy", "copy")]
+    out = []
+    for code in ("inductor", "hand-written", "one-byte cast"):
+        c = [t / k for t, k in zip(times[(code, "compress")], copy)]
+        d = [t / k for t, k in zip(times[(code, "decompress")], copy)]
+        total = [a + b for a, b in zip(c, d)]
+        q = statistics.quantiles(total, n=4) if len(total) > 1 else [total[0]] * 3
+        out.append(Row(code, statistics.median(c), statistics.median(d), statistics.median(total), (q[0], q[2])))
+    return out, 1e3 * statistics.median(copy)
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = ["| code | compress / copy | decompress / copy | both / copy | (p25-p75) |", "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        low, high = r.total_quartiles
+        lines.append(f"| {r.code} | {r.compress_vs_copy:.2f} | {r.decompress_vs_copy:.2f} "
+                     f"| {r.total_vs_copy:.2f} | {low:.2f} - {high:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=4096)
+    parser.add_argument("--cols", type=int, default=1024, help="a multiple of 64")
+    parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--min-time", type=float, default=0.02, help="seconds per measurement (repeats calls)")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--system-allocator", action="store_true",
+                        help="run under the environment's malloc settings, not STEADY_ALLOCATOR")
+    args = parser.parse_args(argv)
+    if args.cols % 64:
+        parser.error("--cols must be a multiple of 64 (the hand-written kernels have no padding group)")
+    torch.set_num_threads(1)
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = False
+    try:
+        ext = build_extension()
+    except NoYardstick as why:
+        print(f"no yardstick on this machine: {why}", file=sys.stderr)
+        return 2
+    rows, copy_ms = measure(ext, args.rows, args.cols, args.repeats, args.min_time)
+    command = "python bench/bench_codec_bound.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    allocator = os.environ.get("GLIBC_TUNABLES") or "system default"
+    print(f"# {CODEC} against hand-written AVX-512 code, {datetime.date.today()}, {platform.machine()} CPU "
+          f"({torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}, 1 thread, "
+          f"{args.rows} x {args.cols} float32, copy {copy_ms:.3f} ms, median of {args.repeats}, "
+          f"malloc: {allocator}\n\n`{command}`\n\nPayloads and values bit for bit equal to the codec's.\n")
+    print(markdown(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": command, "copy_ms": copy_ms, "rows": [asdict(r) for r in rows]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    if "--system-allocator" not in sys.argv and (env := steady_allocator_env(dict(os.environ))) is not None:
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)  # glibc reads its tunables at start-up
+    sys.exit(main())
