@@ -189,10 +189,11 @@ def earlier_output_bytes(state: PartitionState) -> int:
     graphs' outputs, allocated inside the step and held by the caller
     through this graph's forward: Hugging Face GPT-2's logits, which its
     loss graph reads while it writes their exponentials, is where that
-    step peaks (measured). An input the plan keeps for the backward is then
-    counted twice in the model's forward rows (as a constant and as a kept
-    value), never in the simulation. The first graph's inputs were
-    allocated before the step."""
+    step peaks (measured). The caller holds them until this graph's forward
+    returns, so the whole forward is their lifetime here; an input the plan
+    keeps is charged from the boundary on, like any kept value (the model's
+    forward rows and the simulation leave inputs to this constant). The
+    first graph's inputs were allocated before the step."""
     if not state.earlier_graphs:
         return 0
     assert state.info is not None
