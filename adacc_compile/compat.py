@@ -21,6 +21,8 @@ from torch._functorch.compile_utils import raise_getitems as _raise_getitems
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.experimental.proxy_tensor import is_sym_node as _is_sym_node
 
+from adacc_compile.graph_splice import splice_graph
+
 TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
 
@@ -288,18 +290,9 @@ def decompose_whole_ops(gm: fx.GraphModule, ops: Sequence[Any]) -> int:
             raise ValueError(f"{node.format_node()}: only tensor arguments can be decomposed here")
         target, kwargs = node.target, dict(node.kwargs)
         traced = trace_aten(lambda *args: (target(*args, **kwargs),), [a.meta["val"] for a in tensors])
-        env: dict[fx.Node, Any] = dict(zip([p for p in traced.graph.nodes if p.op == "placeholder"], tensors))
-        with gm.graph.inserting_before(node):
-            for index, inner in enumerate(n for n in traced.graph.nodes if n.op == "call_function"):
-                copy = gm.graph.create_node(
-                    "call_function", inner.target, fx.map_arg(inner.args, env.__getitem__),
-                    fx.map_arg(inner.kwargs, env.__getitem__), name=f"{node.name}_d{index}",
-                )
-                copy.meta.update({k: node.meta[k] for k in ("stack_trace", "seq_nr") if k in node.meta})
-                copy.meta["val"] = inner.meta.get("val")
-                env[inner] = copy
-        (result,) = next(n for n in traced.graph.nodes if n.op == "output").args[0]
-        node.replace_all_uses_with(env[result])
+        meta = {k: node.meta[k] for k in ("stack_trace", "seq_nr") if k in node.meta}
+        (result,) = splice_graph(gm.graph, traced, tensors, node, name=lambda i: f"{node.name}_d{i}", meta=meta)
+        node.replace_all_uses_with(result)
         gm.graph.erase_node(node)
     if calls:
         gm.recompile()

@@ -32,6 +32,7 @@ import torch
 import torch.fx as fx
 
 from adacc_compile import compat
+from adacc_compile.graph_splice import traced_outputs
 
 from .codec import Codec
 
@@ -94,7 +95,7 @@ def _trace(codec: Codec, example: torch.Tensor, parameters: torch.Tensor | None)
             return tuple(codec.aten_compress(x, p))
 
         compress_gm = compat.trace_aten(compress_with, [example, parameters])
-    payload = [node.meta["val"] for node in graph_outputs(compress_gm)]
+    payload = [node.meta["val"] for node in traced_outputs(compress_gm)]
 
     def decompress(*parts: torch.Tensor) -> tuple[torch.Tensor]:
         return (codec.aten_decompress(list(parts), shape, dtype),)
@@ -105,13 +106,6 @@ def _trace(codec: Codec, example: torch.Tensor, parameters: torch.Tensor | None)
         if constants:
             raise ValueError(f"{codec.name}: traced graph holds tensor constants {constants}; build them from ops")
     return CodecGraphs(codec=codec.name, compress=compress_gm, decompress=decompress_gm)
-
-
-def graph_outputs(gm: fx.GraphModule) -> list[fx.Node]:
-    """The nodes a traced graph returns, in order."""
-    out = next(n for n in gm.graph.nodes if n.op == "output")
-    flat = out.args[0]
-    return list(flat) if isinstance(flat, (list, tuple)) else [flat]
 
 
 # --------------------------------------------------------------------------

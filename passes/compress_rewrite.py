@@ -66,7 +66,8 @@ import torch.fx as fx
 
 from adacc_compile import compat
 from adacc_compile.kernels import Codec, DecompressKind, available_codecs, get_codec
-from adacc_compile.kernels.aten_graphs import codec_graphs, graph_outputs
+from adacc_compile.graph_splice import splice_graph
+from adacc_compile.kernels.aten_graphs import codec_graphs
 
 from .codec_form import GraphForm, graph_form
 from .device_profile import DeviceProfile
@@ -140,32 +141,15 @@ def apply_compression(
     return fw, bw
 
 
-def _splice(
+def _splice_codec(
     graph: fx.Graph, traced: fx.GraphModule, inputs: list[fx.Node], before: fx.Node, *, prefix: str, tag: CodecNode
 ) -> list[fx.Node]:
-    """Copies the nodes of ``traced`` into ``graph`` right before ``before``,
-    its placeholders bound to ``inputs``; returns the nodes it outputs.
-
-    The copies keep their fake values (``meta["val"]``: traced under the
-    same fake mode) and are named ``prefix0``, ``prefix1``, ..."""
-    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(inputs):
-        raise ValueError(f"{tag.codec}: traced graph takes {len(placeholders)} inputs, given {len(inputs)}")
-    env: dict[fx.Node, fx.Node] = dict(zip(placeholders, inputs))
-    calls = [n for n in traced.graph.nodes if n.op == "call_function"]
-    with graph.inserting_before(before):
-        for index, node in enumerate(calls):
-            copy = graph.create_node(
-                "call_function",
-                node.target,
-                fx.map_arg(node.args, env.__getitem__),
-                fx.map_arg(node.kwargs, env.__getitem__),
-                name=f"{prefix}{index}",
-            )
-            copy.meta["val"] = node.meta.get("val")
-            copy.meta[CODEC_NODE] = tag
-            env[node] = copy
-    return [env[n] for n in graph_outputs(traced)]
+    """A codec's traced graph spliced in before ``before`` (`splice_graph`),
+    its nodes named ``prefix0``, ``prefix1``, ... and tagged ``tag``."""
+    try:
+        return splice_graph(graph, traced, inputs, before, name=lambda i: f"{prefix}{i}", meta={CODEC_NODE: tag})
+    except ValueError as error:
+        raise ValueError(f"{tag.codec}: {error}") from error
 
 
 def _written_once(graph: fx.Graph, value: fx.Node) -> fx.Node:
@@ -213,7 +197,7 @@ def _splice_compress(
         traced = codec_graphs(codec, value.meta["val"], parameters.meta["val"]).compress
         inputs = [value, parameters]
     tag = CodecNode(codec.name, value_name, "compress")
-    return _splice(graph, traced, inputs, value.next, prefix=f"{value_name}_{codec.name}_c", tag=tag)
+    return _splice_codec(graph, traced, inputs, value.next, prefix=f"{value_name}_{codec.name}_c", tag=tag)
 
 
 def _parameters_constant(
@@ -261,7 +245,7 @@ def _decompress_nodes(
     if form is GraphForm.ATEN:
         traced = codec_graphs(codec, fake).decompress
         tag = CodecNode(codec.name, saved.name, "decompress")
-        (restored,) = _splice(graph, traced, inputs, before, prefix=f"{saved.name}_{codec.name}_d", tag=tag)
+        (restored,) = _splice_codec(graph, traced, inputs, before, prefix=f"{saved.name}_{codec.name}_d", tag=tag)
         return restored
     shape = [int(s) for s in fake.shape]
     with graph.inserting_before(before):
