@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 from adacc_compile import compat
 from adacc_compile.passes.comm_model import LinkProfile, calibrate_link, default_link, link_by_name
-from adacc_compile.passes.memory_sim import simulate_step
 from adacc_compile.passes.schedule import recomputes_in_windows, schedule_recompute
 from adacc_compile.passes.windows import (
     CollectiveWindow,
@@ -43,7 +42,6 @@ from adacc_compile.plan_agreement import (
     plan_fingerprint,
     share_problem,
 )
-from adacc_compile.stages import charged_inputs
 
 if TYPE_CHECKING:
     from adacc_compile.state import PartitionState
@@ -116,14 +114,10 @@ def schedule_stage(state: "PartitionState") -> None:
     # go back to on demand, and the schedule is redone.
     limit = max(state.budget.budget_bytes, state.budget.peak_of(state.timeline))
     placement, unplaced = dict(overlap.planned), []
-    charged = charged_inputs(state)
+    assert state.split_context is not None
     for round_ in range(_MAX_UNPLACE_ROUNDS + 1):
         result = schedule_recompute(state.bw_module, placement)
-        timeline = simulate_step(  # as the plan stage simulated it (same realization)
-            state.fw_module, result.module, num_fwd_outputs=state.num_fwd_outputs,
-            forward_names=state.forward_names, mode=state.mode, charged_inputs=charged,
-            forward_extra_bytes=state.earlier_output_bytes, backward_extra_bytes=state.later_gradient_bytes,
-        )
+        timeline = state.split_context.simulate(state.fw_module, result.module)  # as the plan stage did
         if state.budget.peak_of(timeline) <= limit or not placement:
             break
         victims = _alive_across_peak(result.module, timeline, result.placed, step=state.budget.scope == "step")

@@ -230,6 +230,7 @@ def plan_stage(state: PartitionState) -> None:
         forward_extra_bytes=state.earlier_output_bytes,
         backward_extra_bytes=state.later_gradient_bytes,
     )
+    state.split_context = context
     outcome = search_plan(
         context, state.candidates, state.reduction, state.budget,
         planner=state.config.planner, options=state.solver_options,

@@ -20,7 +20,7 @@ from adacc_compile.passes.fusion import Realization
 from adacc_compile.passes.memory_sim import MemoryTimeline
 from adacc_compile.passes.milp import SolverOptions
 from adacc_compile.passes.plan_problem import Choice, PlanSolution
-from adacc_compile.passes.plan_search import PlanOutcome
+from adacc_compile.passes.plan_search import PlanOutcome, SplitContext
 from adacc_compile.passes.structure import BlockReduction
 
 
@@ -52,6 +52,9 @@ class PartitionState:
     """Bytes later graphs' backwards leave alive (their parameters'
     gradients) through this graph's backward, under a step budget: a
     constant of its backward rows and simulation."""
+    split_context: SplitContext | None = None
+    """What the plan stage split and simulated the plan with; the overlap
+    stage re-simulates the step through it."""
     fold_copies: int = 0
     """Depth folding (`depth_fold`, ``adacc plan`` on a deep model traced
     shallow): the number of copies of a middle block the step has beyond

@@ -87,6 +87,16 @@ class SplitContext:
     def forward_names(self) -> set[str]:
         return {n.name for n in self.info.forward_nodes}
 
+    def simulate(self, fw: fx.GraphModule, bw: fx.GraphModule) -> MemoryTimeline:
+        """The step of split graphs ``fw`` and ``bw`` as a plan is checked
+        against it (`memory_sim.simulate_step`; no depth folding): also
+        what the overlap stage re-simulates after moving recomputation."""
+        return simulate_step(
+            fw, bw, num_fwd_outputs=self.num_fwd_outputs, forward_names=self.forward_names,
+            mode=self.mode, charged_inputs=self.charged_inputs,
+            forward_extra_bytes=self.forward_extra_bytes, backward_extra_bytes=self.backward_extra_bytes,
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanOutcome:
@@ -463,11 +473,7 @@ def _split(
     if context.mode is Realization.INDUCTOR:  # what no few-bit codec replaced, as Inductor's table has it
         for module in (fw, bw):
             compat.decompose_whole_ops(module, replaced_ops())
-    timeline = simulate_step(
-        fw, bw, num_fwd_outputs=context.num_fwd_outputs, forward_names=context.forward_names,
-        mode=context.mode, charged_inputs=context.charged_inputs,
-        forward_extra_bytes=context.forward_extra_bytes, backward_extra_bytes=context.backward_extra_bytes,
-    )
+    timeline = context.simulate(fw, bw)
     if context.fold is not None:
         timeline = context.fold.extend_for(timeline, candidates.problem, solution)
     return PlanOutcome(
