@@ -179,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--system-allocator", action="store_true",
                         help="run under the environment's malloc settings, not STEADY_ALLOCATOR")
     args = parser.parse_args(argv)
-    if args.cols % 64:
-        parser.error("--cols must be a multiple of 64 (the hand-written kernels have no padding group)")
+    if args.cols < 64 or args.cols % 64:
+        parser.error("--cols must be a positive multiple of 64 (the hand-written kernels have no padding group)")
+    if args.rows < 1:
+        parser.error("--rows must be at least 1")
     torch.set_num_threads(1)
     import torch._inductor.config as inductor_config
 

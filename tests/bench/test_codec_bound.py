@@ -33,10 +33,12 @@ def test_a_machine_without_the_yardstick_gets_a_reason_and_exit_code_2(monkeypat
     assert "lacks AVX-512" in capsys.readouterr().err
 
 
-def test_columns_that_are_not_whole_groups_are_refused(capsys):
+@pytest.mark.parametrize("argv, says", [(["--cols", "100"], "multiple of 64"), (["--cols", "0"], "multiple of 64"),
+                                         (["--rows", "0"], "at least 1")])
+def test_shapes_the_kernels_do_not_take_are_refused(argv, says, capsys):
     with pytest.raises(SystemExit):
-        bench_codec_bound.main(["--cols", "100"])
-    assert "multiple of 64" in capsys.readouterr().err
+        bench_codec_bound.main(argv)
+    assert says in capsys.readouterr().err
 
 
 @pytest.mark.slow
