@@ -23,11 +23,15 @@ of the value into a buffer allocated once (medians of per-round ratios):
                     one-byte payload its code writes and reads
 
 A value is compressed with calibrated outlier channels (a calibrated plan's
-path). The ratios are standalone: inside a plan, Inductor may fuse the
-compress into its producer, but a decompress whose reader is an extern
-matmul writes the whole float value before the matmul reads it (on this
-CPU, Inductor's matmuls are extern calls), so the decompress column bounds
-its in-graph cost from below.
+path). The first columns are standalone. The in-graph column is
+`bench_fused_codecs.py`'s figure, in its graphs (LayerNorm -> matmul, the
+weight-gradient matmul reading the value back): what compressing instead of
+keeping the value adds to the forward and the backward. There the
+hand-written kernels run as custom ops (`HandWrittenCodec`), extern calls
+Inductor fuses nothing into: what a plan would pay with them. A decompress
+whose reader is an extern matmul (every matmul is, on this CPU) writes the
+whole float value before the matmul reads it, so no code's in-graph figure
+falls much below its standalone decompress.
 
 Like `bench_fused_codecs.py`, it runs under that script's
 `STEADY_ALLOCATOR` (re-executing itself) unless ``--system-allocator``.
@@ -50,10 +54,10 @@ from typing import Callable
 import torch
 
 from adacc_compile import compat
-from adacc_compile.kernels import get_codec
+from adacc_compile.kernels import DecompressKind, get_codec
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_fused_codecs import _timed, steady_allocator_env  # noqa: E402
+from bench_fused_codecs import FLOOR, _timed, build_graphs, steady_allocator_env  # noqa: E402
 
 SOURCE = pathlib.Path(__file__).resolve().parent / "codec_bound.cpp"
 CODEC = "int8_outlier"
@@ -109,7 +113,67 @@ class Row:
     compress_vs_copy: float
     decompress_vs_copy: float
     total_vs_copy: float
+    """Standalone: compress plus decompress, each alone."""
     total_quartiles: tuple[float, float]
+    in_graph_vs_copy: float
+    """In `bench_fused_codecs`'s graphs (LayerNorm -> matmul): what
+    compressing instead of keeping the value adds to the forward and the
+    backward."""
+    in_graph_quartiles: tuple[float, float]
+
+
+class HandWrittenCodec:
+    """int8_outlier whose compress and decompress are the hand-written
+    kernels, as custom ops (``adacc_bound::compress``, ``::decompress``)
+    that Inductor calls as extern kernels: the in-graph cost a plan would
+    pay with them (nothing fuses into an extern call). For
+    `bench_fused_codecs.build_graphs` only."""
+
+    name = "int8_outlier, hand-written (extern)"
+    decompress_kind = DecompressKind.VALUE
+
+    def __init__(self, ext: object) -> None:
+        _register_ops(ext)
+
+    def calibration_parameters(self, x: torch.Tensor) -> torch.Tensor:
+        return get_codec(CODEC).calibration_parameters(x)
+
+    def aten_compress(self, x: torch.Tensor, index: torch.Tensor) -> list[torch.Tensor]:
+        codes, scales, values = torch.ops.adacc_bound.compress(x, index)
+        return [codes, scales, index, values]
+
+    def aten_decompress(self, payload: list[torch.Tensor], shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+        return torch.ops.adacc_bound.decompress(*payload).to(dtype).reshape(shape)
+
+
+_REGISTERED: list[object] = []
+
+
+def _register_ops(ext: object) -> None:
+    """The custom ops, once per process (they call ``ext``)."""
+    if _REGISTERED:
+        return
+    _REGISTERED.append(ext)
+
+    @torch.library.custom_op("adacc_bound::compress", mutates_args=())
+    def compress(x: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        codes, scales, _, values = ext.compress(x.contiguous(), index)
+        return codes, scales, values
+
+    @compress.register_fake
+    def _(x: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows, channels = x.shape
+        return (x.new_empty((rows, channels), dtype=torch.int8),
+                x.new_empty((rows, channels // 64), dtype=torch.bfloat16),
+                x.new_empty((rows, index.shape[0])))
+
+    @torch.library.custom_op("adacc_bound::decompress", mutates_args=())
+    def decompress(codes: torch.Tensor, scales: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return ext.decompress(codes, scales, index, values)
+
+    @decompress.register_fake
+    def _(codes: torch.Tensor, scales: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return codes.new_empty(codes.shape, dtype=torch.float32)
 
 
 def _compiled(fn: Callable[..., tuple[torch.Tensor, ...]], args: list[torch.Tensor]) -> Callable[[], object]:
@@ -142,6 +206,11 @@ def measure(ext: object, rows: int, cols: int, repeats: int, min_time: float) ->
         ("one-byte cast", "decompress"): _compiled(lambda c: (c.float(),), [codes]),
         ("copy", "copy"): lambda: buffer.copy_(x),
     }
+    in_graph = {"inductor": codec, "hand-written": HandWrittenCodec(ext), "one-byte cast": FLOOR}
+    for code, like in in_graph.items():
+        graphs = build_graphs(like, rows, cols, torch.float32)
+        for field in _IN_GRAPH:
+            fns[(code, field)] = getattr(graphs, field)
     for fn in fns.values():
         fn()
     inner = {key: max(1, int(min_time / max(_timed(fn, 1), 1e-7))) for key, fn in fns.items()}
@@ -155,17 +224,31 @@ def measure(ext: object, rows: int, cols: int, repeats: int, min_time: float) ->
         c = [t / k for t, k in zip(times[(code, "compress")], copy)]
         d = [t / k for t, k in zip(times[(code, "decompress")], copy)]
         total = [a + b for a, b in zip(c, d)]
-        q = statistics.quantiles(total, n=4) if len(total) > 1 else [total[0]] * 3
-        out.append(Row(code, statistics.median(c), statistics.median(d), statistics.median(total), (q[0], q[2])))
+        t = {field: times[(code, field)] for field in _IN_GRAPH}
+        graph = [((cf - kf) + (rb - kb)) / k for cf, kf, rb, kb, k in zip(
+            t["compress_forward"], t["keep_forward"], t["restore_backward"], t["keep_backward"], copy)]
+        out.append(Row(code, statistics.median(c), statistics.median(d), statistics.median(total), _quartiles(total),
+                       statistics.median(graph), _quartiles(graph)))
     return out, 1e3 * statistics.median(copy)
 
 
+#: `bench_fused_codecs.Graphs` fields the in-graph figure is made of.
+_IN_GRAPH = ("keep_forward", "compress_forward", "keep_backward", "restore_backward")
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return q[0], q[2]
+
+
 def markdown(rows: list[Row]) -> str:
-    lines = ["| code | compress / copy | decompress / copy | both / copy | (p25-p75) |", "|---|---:|---:|---:|---:|"]
+    lines = ["| code | compress / copy | decompress / copy | both / copy | (p25-p75) | in graph / copy | (p25-p75) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        low, high = r.total_quartiles
+        (low, high), (glow, ghigh) = r.total_quartiles, r.in_graph_quartiles
         lines.append(f"| {r.code} | {r.compress_vs_copy:.2f} | {r.decompress_vs_copy:.2f} "
-                     f"| {r.total_vs_copy:.2f} | {low:.2f} - {high:.2f} |")
+                     f"| {r.total_vs_copy:.2f} | {low:.2f} - {high:.2f} "
+                     f"| {r.in_graph_vs_copy:.2f} | {glow:.2f} - {ghigh:.2f} |")
     return "\n".join(lines)
 
 
@@ -174,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--cols", type=int, default=1024, help="a multiple of 64")
     parser.add_argument("--repeats", type=int, default=25)
-    parser.add_argument("--min-time", type=float, default=0.02, help="seconds per measurement (repeats calls)")
+    parser.add_argument("--min-time", type=float, default=0.1, help="seconds per measurement (repeats calls)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--system-allocator", action="store_true",
                         help="run under the environment's malloc settings, not STEADY_ALLOCATOR")
