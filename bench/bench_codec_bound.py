@@ -15,7 +15,9 @@ C++ compiler and an AVX-512 CPU needed), and it is never a codec path: a
 compiled plan must not call an extern codec kernel.
 
 In the same process and interleaved rounds it times, as ratios to a copy
-of the value into a buffer allocated once (medians of per-round ratios):
+of the value into a buffer allocated once (medians of per-round ratios;
+each measurement repeats its call for ``--min-time``, 0.1 s: at 0.02 s,
+one or two calls of a graph, the in-graph figures were noise):
 
     inductor        the codec's aten forms compiled by Inductor, each alone
     hand-written    codec_bound.cpp
