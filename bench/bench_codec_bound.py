@@ -51,15 +51,13 @@ import shutil
 import statistics
 import sys
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 
-from adacc_compile import compat
 from adacc_compile.kernels import DecompressKind, get_codec
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_fused_codecs import FLOOR, _timed, build_graphs, steady_allocator_env  # noqa: E402
+from bench_fused_codecs import FLOOR, _timed, build_graphs, compiled, steady_allocator_env  # noqa: E402
 
 SOURCE = pathlib.Path(__file__).resolve().parent / "codec_bound.cpp"
 CODEC = "int8_outlier"
@@ -178,12 +176,6 @@ def _register_ops(ext: object) -> None:
         return codes.new_empty(codes.shape, dtype=torch.float32)
 
 
-def _compiled(fn: Callable[..., tuple[torch.Tensor, ...]], args: list[torch.Tensor]) -> Callable[[], object]:
-    graph = compat.trace_aten(fn, args)
-    run = compat.inductor_compile_inference(graph, args)
-    return lambda: run(*args)
-
-
 def measure(ext: object, rows: int, cols: int, repeats: int, min_time: float) -> tuple[list[Row], float]:
     """Rows of ratios to a copy, and the copy's median milliseconds; raises
     AssertionError when a hand-written output differs from the codec's."""
@@ -199,13 +191,12 @@ def measure(ext: object, rows: int, cols: int, repeats: int, min_time: float) ->
     codes = x.to(torch.int8)
     buffer = torch.empty_like(x)
     fns = {
-        ("inductor", "compress"): _compiled(lambda v, i: tuple(codec.aten_compress(v, i)), [x, index]),
-        ("inductor", "decompress"): _compiled(
-            lambda *p: (codec.aten_decompress(list(p), x.shape, x.dtype),), list(payload)),
+        ("inductor", "compress"): compiled(codec.aten_compress, x, index),
+        ("inductor", "decompress"): compiled(lambda *p: codec.aten_decompress(list(p), x.shape, x.dtype), *payload),
         ("hand-written", "compress"): lambda: ext.compress(x, index),
         ("hand-written", "decompress"): lambda: ext.decompress(*payload),
-        ("one-byte cast", "compress"): _compiled(lambda v: (v.to(torch.int8),), [x]),
-        ("one-byte cast", "decompress"): _compiled(lambda c: (c.float(),), [codes]),
+        ("one-byte cast", "compress"): compiled(lambda v: v.to(torch.int8), x),
+        ("one-byte cast", "decompress"): compiled(lambda c: c.float(), codes),
         ("copy", "copy"): lambda: buffer.copy_(x),
     }
     in_graph = {"inductor": codec, "hand-written": HandWrittenCodec(ext), "one-byte cast": FLOOR}

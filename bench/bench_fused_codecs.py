@@ -233,6 +233,16 @@ class Graphs:
     copy: Callable[[], object]
 
 
+def compiled(fn: Callable[..., object], *args: torch.Tensor) -> Callable[[], object]:
+    """``fn`` on ``args`` as a no-argument call of its compiled graph: traced
+    to aten ops and compiled as the partitioner's graphs are (no Dynamo: one
+    code object compiled for eight codecs would run into Dynamo's recompile
+    limit and fall back to eager)."""
+    graph = compat.trace_aten(lambda *a: tuple(_flat(fn(*a))), list(args))
+    run = compat.inductor_compile_inference(graph, list(args))
+    return lambda: run(*args)
+
+
 def build_graphs(codec: Codec | FloorCast, rows: int, cols: int, dtype: torch.dtype, *, calibrated: bool = True) -> Graphs:
     """The graphs of one codec. A codec that takes calibrated parameters
     gets them measured on the value and passed in as a graph input (what a
@@ -257,14 +267,6 @@ def build_graphs(codec: Codec | FloorCast, rows: int, cols: int, dtype: torch.dt
         if codec.decompress_kind is DecompressKind.DERIVATIVE:
             return g * restored  # what the rewrite puts in place of gelu/silu_backward
         return scenario.read(restored, g)
-
-    def compiled(fn: Callable[..., object], *args: torch.Tensor) -> Callable[[], object]:
-        # Traced to aten ops and compiled as the partitioner's graphs are
-        # (no Dynamo: one code object compiled for eight codecs would run
-        # into Dynamo's recompile limit and fall back to eager).
-        graph = compat.trace_aten(lambda *a: tuple(_flat(fn(*a))), list(args))
-        run = compat.inductor_compile_inference(graph, list(args))
-        return lambda: run(*args)
 
     def compress_forward(*a):
         out, v = scenario.produce(*a[: len(inputs)])
