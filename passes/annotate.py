@@ -197,10 +197,22 @@ def _module_path(node: fx.Node) -> str:
     return _clean_path(owned[-1] if owned else paths[-1])
 
 
+_ROOT = re.compile(
+    r"^L(?:\[['\"](?:self|fn|mod|model)['\"]\]"  # L['self']
+    r"|\[['\"]args['\"]\]\[\d+\]"  # L['args'][0]: a model called through a wrapper (transformers >= 5)
+    r"|\[['\"]kwargs['\"]\]\[['\"]\w+['\"]\]"  # L['kwargs']['model']
+    r"|\.(?:self|fn|mod|model)|\.args\.\d+)\.?"
+)
+
+
 def _clean_path(path: str) -> str:
-    """"L['self'].layers[3].attn" / "L__self___layers_3_attn" -> "layers.3.attn"."""
-    path = re.sub(r"^L\[['\"](self|fn|mod|model)['\"]\]\.?", "", path)
-    path = re.sub(r"^L\.(self|fn|mod|model)\.?", "", path)
+    """"L['self'].layers[3].attn" / "L['args'][0].layers[3].attn" /
+    "L__self___layers_3_attn" -> "layers.3.attn". The root is the module
+    Dynamo traced, however it was reached: as ``self``, or as the first
+    argument of a function that wraps the model's forward (transformers 5
+    calls ``forward`` through such a wrapper, and without this every
+    node of an HF Llama had the block ``args.0``)."""
+    path = _ROOT.sub("", path)
     path = re.sub(r"\[['\"]?([\w]+)['\"]?\]", r".\1", path)
     path = re.sub(r"\._modules\.", ".", path)
     return path.strip(".")

@@ -1,0 +1,105 @@
+"""Identical-block reuse fires on the model families people train, and the
+MILP it leaves stays the size of one block as the model deepens.
+
+Hugging Face transformers 5 calls a model's ``forward`` through a wrapper,
+so Dynamo reaches the model as ``L['args'][0]`` rather than ``L['self']``;
+before the annotate pass knew that root, every node of an HF Llama, Qwen2
+or Mistral had the same "block" (``args.0``), no two blocks were compared,
+and planning an 8-layer Llama took minutes. Each model here is built from a
+config with random weights (nothing downloaded) and compiled with
+``adacc_eager`` (only planning matters) at 4 and 12 layers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adacc_compile.passes.annotate import _clean_path, _layer_of
+from adacc_examples.models import GPT, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
+from adacc_test_utils import compile_with_reports
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, SEQ, D_MODEL, HEADS = 64, 16, 32, 4
+DEPTHS = (4, 12)
+GROWTH = 1.3
+"""The MILP at 12 layers has at most this many times the rows and columns it
+has at 4 (one block class is solved; a block adds one segment row)."""
+
+
+@pytest.mark.parametrize(
+    ("path", "layer"),
+    [
+        ("L['self'].transformer.h[3].attn", "transformer.h.3"),
+        ("L['args'][0].model.layers.3.self_attn", "model.layers.3"),
+        ("L['kwargs']['model'].layers[2].mlp", "layers.2"),
+        ("L['args'][0].lm_head", ""),
+        ("L['args'][0].model.rotary_emb", ""),
+    ],
+)
+def test_module_paths_name_their_block_whatever_the_root(path, layer):
+    assert _layer_of(_clean_path(path)) == layer
+
+
+def _hf(family: str, layers: int) -> torch.nn.Module:
+    common = dict(
+        vocab_size=VOCAB, hidden_size=D_MODEL, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=HEADS, max_position_embeddings=SEQ,
+    )
+    if family == "hf_llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, num_key_value_heads=2))
+    if family == "hf_qwen2":
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, num_key_value_heads=2))
+    if family == "hf_mistral":
+        return transformers.MistralForCausalLM(
+            transformers.MistralConfig(**common, num_key_value_heads=2, sliding_window=None)
+        )
+    assert family == "hf_gpt2"
+    return transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=VOCAB, n_embd=D_MODEL, n_layer=layers, n_head=HEADS, n_positions=SEQ)
+    )
+
+
+def _block_graph_summary(family: str, layers: int) -> dict:
+    """The summary of the graph that holds the decoder layers (GPT-2's loss
+    runs in a graph of its own, after a break)."""
+    torch.manual_seed(0)
+    options = {"memory_budget": 0.5, "device_profile": "h100"}
+    if family in ("gpt", "llama"):
+        common = dict(n_layer=layers, d_model=D_MODEL, n_head=HEADS, seq_len=SEQ, vocab_size=VOCAB)
+        cfg = GPTConfig(**common) if family == "gpt" else LlamaConfig(**common, ffn_dim=64)
+        model = init_weights(GPT(cfg) if family == "gpt" else Llama(cfg))
+        compiled, partitioner = compile_with_reports(model, "adacc_eager", options)
+        x, y = gpt_batch(cfg, 2, torch.Generator().manual_seed(0))
+        compiled(x, y).backward()
+    else:
+        model = _hf(family, layers)
+        compiled, partitioner = compile_with_reports(model, "adacc_eager", options)
+        ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(0))
+        compiled(input_ids=ids, labels=ids).loss.backward()
+    summaries = [r["summary"] for r in partitioner.reports]
+    return max(summaries, key=lambda s: s["num_candidates"])
+
+
+@pytest.fixture(scope="module")
+def summaries() -> dict[tuple[str, int], dict]:
+    return {}
+
+
+FAMILIES = ("hf_llama", "hf_qwen2", "hf_mistral", "hf_gpt2", "gpt", "llama")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_block_class_covers_every_layer_and_the_milp_does_not_grow_with_depth(family):
+    by_depth = {}
+    for layers in DEPTHS:
+        torch._dynamo.reset()
+        summary = _block_graph_summary(family, layers)
+        reuse = summary["block_reuse"]
+        assert reuse["used"], (family, layers, reuse)
+        assert reuse["classes"] == 1 and reuse["blocks"] == layers, (family, layers, reuse)
+        by_depth[layers] = summary["planning"]
+    shallow, deep = by_depth[DEPTHS[0]], by_depth[DEPTHS[-1]]
+    assert deep["rows"] <= GROWTH * shallow["rows"], (family, shallow, deep)
+    assert deep["columns"] <= GROWTH * shallow["columns"], (family, shallow, deep)
