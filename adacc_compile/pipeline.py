@@ -32,6 +32,7 @@ from typing import Callable, Iterator
 
 from adacc_compile import compat, stages
 from adacc_compile.overlap import agree_stage, schedule_stage, windows_stage
+from adacc_compile.passes.plan_timing import recording
 from adacc_compile.state import PartitionState
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def run_pipeline(
             raise ValueError(f"no stage {bound!r}; stages: {names}")
     first = names.index(after) + 1 if after is not None else 0
     last = names.index(until) if until is not None else len(names) - 1
-    with compat.lazy_graph_modules(), cyclic_gc_paused():
+    with compat.lazy_graph_modules(), cyclic_gc_paused(), recording(state.plan_timing):
         for name, stage in STAGES[first:last + 1]:
             if name in skip:
                 continue

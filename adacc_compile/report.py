@@ -334,6 +334,7 @@ def summarize(state: "PartitionState") -> dict[str, Any]:
         "codecs": dict(Counter(c.codec for c in state.solution.choices.values() if c.codec)),
         "device_profile": state.profile.name if state.profile else "",
         "stage_seconds": dict(state.stage_seconds),
+        "planning": _planning_summary(state),
         # The solver's notes, then the plan search's (boundary relaxed,
         # corrective re-solve).
         "notes": list(dict.fromkeys([*state.solution.notes, *(state.outcome.notes if state.outcome else ())])),
@@ -376,6 +377,18 @@ def _compressed_bytes_saved(state: "PartitionState") -> int:
     return saved
 
 
+PLANNING_STAGES = ("structure", "budget", "plan")
+"""The stages that decide the plan: their time is the planning time."""
+
+
+def _planning_summary(state: "PartitionState") -> dict[str, Any]:
+    """Planning time (structure, budget and plan stages) and its parts:
+    building and solving the MILP (how many solves, the largest model's
+    size), splitting plans into graphs, simulating their memory."""
+    seconds = sum(state.stage_seconds.get(name, 0.0) for name in PLANNING_STAGES)
+    return {"seconds": seconds, **state.plan_timing.summary()}
+
+
 def summary_line(summary: dict[str, Any]) -> str:
     def gb(n: int) -> str:
         return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"
@@ -385,7 +398,18 @@ def summary_line(summary: dict[str, Any]) -> str:
         f"adacc graph {summary['graph_index']}: activations {gb(summary['baseline_saved_bytes'])} -> "
         f"{gb(summary['planned_saved_bytes'])}, +{pct:.1f}% est. time, "
         f"solved in {summary['solve_seconds']:.2f} s ({summary['solver_status']})"
+        + _planning_note(summary.get("planning") or {})
         + _calibration_note(summary.get("calibration") or {})
+    )
+
+
+def _planning_note(planning: dict[str, Any]) -> str:
+    if not planning:
+        return ""
+    return (
+        f", planned in {planning['seconds']:.2f} s ({planning['solves']} solve(s) "
+        f"{planning['build_s'] + planning['solve_s']:.2f} s, {planning['splits']} split(s) {planning['split_s']:.2f} s, "
+        f"simulation {planning['simulate_s']:.2f} s; MILP {planning['rows']} rows x {planning['columns']} columns)"
     )
 
 

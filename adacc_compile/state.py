@@ -21,6 +21,7 @@ from adacc_compile.passes.memory_sim import MemoryTimeline
 from adacc_compile.passes.milp import SolverOptions
 from adacc_compile.passes.plan_problem import Choice, PlanSolution
 from adacc_compile.passes.plan_search import PlanOutcome, SplitContext
+from adacc_compile.passes.plan_timing import PlanTiming
 from adacc_compile.passes.structure import BlockReduction
 
 
@@ -82,6 +83,8 @@ class PartitionState:
     timeline: MemoryTimeline | None = None
     replans: int = 0
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    plan_timing: PlanTiming = field(default_factory=PlanTiming)
+    """Where planning time went: model building, solves, splits, simulation."""
     report: dict[str, Any] = field(default_factory=dict)
     overlap: Any = None
     """`overlap.OverlapState`: communication windows, placement, plan hash."""

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 import highspy
 import numpy as np
 
+from . import plan_timing
 from .plan_problem import Candidate, Choice, Decision, PlanProblem, PlanSolution
 
 _US = 1e6
@@ -159,19 +160,26 @@ def solve_milp(
     if stuck:
         note = f"required values with no legal option: {stuck}"
         return PlanSolution(choices={}, status="infeasible", solver="milp", notes=(note,))
-    model = _build(problem, minimize=minimize, time_cap_s=time_cap_s)
+    with plan_timing.timed("build"):
+        model = _build(problem, minimize=minimize, time_cap_s=time_cap_s)
+        lp = _to_lp(model, minimize, problem)
+    timing = plan_timing.active()
+    if timing is not None:
+        timing.solves += 1
+        timing.add_model(lp.num_row_, lp.num_col_)
     highs = _quiet_highs()
     highs.setOptionValue("time_limit", float(options.time_limit_s))
     highs.setOptionValue("mip_max_nodes", int(options.node_limit))
     highs.setOptionValue("mip_rel_gap", float(options.mip_rel_gap))
     highs.setOptionValue("threads", int(options.threads))
     highs.setOptionValue("random_seed", 0)
-    highs.passModel(_to_lp(model, minimize, problem))
+    highs.passModel(lp)
     if options.lp_path:
         highs.writeModel(options.lp_path)
     started = options.start is not None and _set_start(highs, model, options.start)
     start = time.perf_counter()
-    highs.run()
+    with plan_timing.timed("solve"):
+        highs.run()
     seconds = time.perf_counter() - start
     status = highs.getModelStatus()
     has_solution = highs.getInfo().primal_solution_status == 2  # kSolutionStatusFeasible

@@ -44,6 +44,7 @@ from .device_profile import DeviceProfile
 from .fusion import Realization
 from .memory_sim import MemoryTimeline, simulate_step
 from .milp import SolverOptions, solve_milp, with_start
+from . import plan_timing
 from .peak_model import SimulatedPeak, simulate
 from .plan_problem import PlanProblem, PlanSolution, added_seconds, check_solution, saved_bytes
 from .policies import get_policy
@@ -464,18 +465,24 @@ def _split(
     errors = check_solution(unbudgeted, solution)
     if errors:
         raise RuntimeError(f"adacc planner {solution.solver} produced an illegal plan: {errors}")
-    saved = saved_values_for(context.joint, context.info, candidates, solution)
-    fw, bw = split_joint_graph(context.joint, context.info, saved, num_fwd_outputs=context.num_fwd_outputs)
-    fw, bw = apply_compression(
-        fw, bw, solution, num_fwd_outputs=context.num_fwd_outputs, realize=context.mode is Realization.INDUCTOR,
-        parameters=context.codec_parameters, profile=context.profile,
-    )
-    if context.mode is Realization.INDUCTOR:  # what no few-bit codec replaced, as Inductor's table has it
-        for module in (fw, bw):
-            compat.decompose_whole_ops(module, replaced_ops())
-    timeline = context.simulate(fw, bw)
-    if context.fold is not None:
-        timeline = context.fold.extend_for(timeline, candidates.problem, solution)
+    timing = plan_timing.active()
+    if timing is not None:
+        timing.splits += 1
+    with plan_timing.timed("split"):
+        saved = saved_values_for(context.joint, context.info, candidates, solution)
+        fw, bw = split_joint_graph(context.joint, context.info, saved, num_fwd_outputs=context.num_fwd_outputs)
+        fw, bw = apply_compression(
+            fw, bw, solution, num_fwd_outputs=context.num_fwd_outputs,
+            realize=context.mode is Realization.INDUCTOR, parameters=context.codec_parameters,
+            profile=context.profile,
+        )
+        if context.mode is Realization.INDUCTOR:  # what no few-bit codec replaced, as Inductor's table has it
+            for module in (fw, bw):
+                compat.decompose_whole_ops(module, replaced_ops())
+    with plan_timing.timed("simulate"):
+        timeline = context.simulate(fw, bw)
+        if context.fold is not None:
+            timeline = context.fold.extend_for(timeline, candidates.problem, solution)
     return PlanOutcome(
         solution=solution,
         saved=saved,
