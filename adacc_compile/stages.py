@@ -99,10 +99,11 @@ def calibrate_stage(state: PartitionState) -> None:
 
 
 EXACT_MODEL_CANDIDATES = 1500
-"""Up to this many candidates the memory model takes every position of the
-step one by one; above it (deep models), the blocks other than each class's
-representative are bounded as a whole (`peak_model`), which keeps planning
-fast at 32 layers."""
+"""Without block reuse (``block_reuse=False``), up to this many candidates
+the memory model takes every position of the step one by one; with block
+reuse, or above it, the blocks of each class other than its first and last
+are bounded by the rows of those two (`peak_model.dominated_segments`), so
+the MILP has the size of two blocks whatever the depth."""
 
 BLOCK_BOUNDARY_CANDIDATES = 8
 """Identical blocks with at least this many candidates each (transformer
@@ -125,10 +126,13 @@ def structure_stage(state: PartitionState) -> None:
         sizes[cand.block] += 1
     protected = tuple(cls for cls in classes if sizes[cls[0]] >= BLOCK_BOUNDARY_CANDIDATES)
     full = protect_block_boundaries(full, protected)
-    coarse: frozenset[str] = frozenset()
-    if len(full.candidates) > EXACT_MODEL_CANDIDATES:
-        coarse = frozenset(b for cls in protected for b in cls[1:])
     reuse = state.config.block_reuse and not full.windows and bool(classes)
+    coarse: frozenset[str] = frozenset()
+    if reuse or len(full.candidates) > EXACT_MODEL_CANDIDATES:
+        # Exact: the representative (the last in the forward, the first
+        # differentiated) and the first in the forward (the last
+        # differentiated, where a step budget's gradients are largest).
+        coarse = frozenset(b for cls in protected for b in cls[1:-1])
     if state.fold_copies:
         full = _fold(state, full, classes if reuse else (), sizes)
     if reuse:

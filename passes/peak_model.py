@@ -309,10 +309,66 @@ def build_memory_model(
     for position, nbytes in enumerate(layout.backward_base):
         s = bw.of[position]
         bw_consts[s] = max(bw_consts[s], float(nbytes))
+    dominated_fw = dominated_segments(layout.forward_layers, fw, coarse_blocks)
+    dominated_bw = dominated_segments(layout.backward_layers, bw, coarse_blocks)
     rows = _merge(
-        [("fw", i, r) for i, r in enumerate(rows_fw)] + [("bw", i, (bw_consts[i], r)) for i, r in enumerate(rows_bw)]
+        [("fw", i, r) for i, r in enumerate(rows_fw) if i not in dominated_fw]
+        + [("bw", i, (bw_consts[i], r)) for i, r in enumerate(rows_bw) if i not in dominated_bw]
     )
-    return MemoryModel(aux=tuple(b.aux), rows=tuple(rows))
+    return _prune_aux(b.aux, rows)
+
+
+def dominated_segments(layers: tuple[str, ...], segments: Segments, coarse: frozenset[str]) -> frozenset[int]:
+    """Segments of coarse blocks: rows that the exact blocks' rows bound.
+
+    A coarse block is a member of a class of identical blocks other than
+    its first and last (`stages.structure_stage`), with the
+    representative's decisions. The representative is the class's last
+    block in the forward, the first differentiated: its forward holds the
+    saved values of every earlier block, and its backward too, beside the
+    block's working set, so a middle block's forward and backward, with
+    fewer blocks' saved values and the same working set, hold no more.
+    Under a step budget the backward's gradients grow as the saved values
+    shrink: a block's backward row is linear in its index (k blocks' saved
+    values, the other blocks' gradients), largest at one of the two ends,
+    and the first block in the forward, the last differentiated, is the
+    other end, also exact. A coarse row would only add an over-count, and
+    rows that grow with depth."""
+    if not coarse:
+        return frozenset()
+    return frozenset(segments.of[position] for position, layer in enumerate(layers) if layer in coarse)
+
+
+def _prune_aux(aux: list[tuple[AuxBound, ...]], rows: list[MemoryRow]) -> MemoryModel:
+    """The model without the auxiliary variables no row reaches (directly or
+    through other variables' bounds), renumbered in their order (a
+    variable's bounds refer only to variables before it)."""
+
+    def aux_refs(terms: Iterable[tuple[str, float]]) -> list[int]:
+        return [int(key[4:]) for key, _ in terms if key.startswith("aux:")]
+
+    live = [False] * len(aux)
+    stack = [i for row in rows for i in aux_refs(row.terms)]
+    while stack:
+        i = stack.pop()
+        if live[i]:
+            continue
+        live[i] = True
+        stack.extend(j for bound in aux[i] for j in aux_refs(bound.terms))
+    index: dict[int, int] = {}
+    for i, alive in enumerate(live):
+        if alive:
+            index[i] = len(index)
+
+    def renumber(terms: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+        return tuple((f"aux:{index[int(k[4:])]}" if k.startswith("aux:") else k, v) for k, v in terms)
+
+    kept_aux = tuple(
+        tuple(AuxBound(const=bound.const, terms=renumber(bound.terms)) for bound in aux[i])
+        for i, alive in enumerate(live) if alive
+    )
+    kept_rows = tuple(MemoryRow(name=row.name, const=row.const, terms=renumber(row.terms)) for row in rows)
+    return MemoryModel(aux=kept_aux, rows=kept_rows)
 
 
 def _add_backward_terms(
