@@ -212,6 +212,10 @@ def _fit_simulated_peak(
     fit_start = first_reduced if budget.peak_of(first.timeline) <= target else None
     resolves = 0
     search = "none allowed (peak_fit_solves=0)" if solves == 0 else _no_cap_left(bracket, clamped)
+    if planner == "milp" and first.solution.solver == "recompute_all":
+        # HiGHS stopped at its limit without a plan (`policies.milp_policy`):
+        # under the same limit a re-solve would stop again.
+        solves, search = 0, "none: HiGHS stopped at its limit without a plan, and would again"
     for _ in range(solves):
         cap = bracket.next_cap(tolerance)
         if cap is None:
