@@ -179,12 +179,14 @@ class AdaccConfig:
     """False: the planner may only keep or compress (free view recomputation
     aside) — the "compression alone" baseline."""
 
-    peak_fit_solves: int = 3
+    peak_fit_solves: int = 1
     """Further MILP solves (each a split and a simulation of the graphs)
     that move the model's cap until the split graphs' simulated activation
     peak is within the budget and no more than 3% under it
     (`passes.plan_search`); the cheapest plan tried that fits is used. 0
-    trusts the model's plan as it is."""
+    trusts the model's plan as it is. One by default: each costs a split
+    of the whole graph (3.7 s of a 32-layer HF Llama's planning on this
+    CPU; three of them were 15 of its 25 s, bench/bench_planning.py)."""
 
     place_backward_only_views_early: bool = True
     """A view only the backward reads (an attention's probabilities or a

@@ -15,7 +15,9 @@ the warm-up steps in which graphs split by a graph break re-plan.
 Models: GPT-style and Llama-style (adacc_examples.models: 4 layers, d_model
 256, seq 256, batch 8, vocab 512) and, if transformers is installed, Hugging
 Face GPT-2 with 6 layers, d_model 384, 6 heads, seq 256, batch 8 (vocab
-50257; random weights; Dynamo compiles its body and its loss as two graphs).
+50257; random weights; Dynamo compiles its body and its loss as two graphs),
+and ``hf_llama``, ``hf_qwen2``, ``hf_gpt2_8k``: the same shape with vocab
+8192, where activations rather than the logits dominate the step.
 Peak: the profiler's allocator trace of one fw+bw step
 (`adacc_compile.measure`). Headlines: the fastest adacc plan whose measured
 peak is at most full AC's, against full AC; adacc against PyTorch's
@@ -73,6 +75,8 @@ def workload(name: str, steps: int):
             (ids := torch.randint(0, cfg.vocab_size, (8, 256), generator=gen), ids) for _ in range(steps)
         ]
         return model, batches, "HF GPT-2: 6 layers, d_model 384, seq 256, batch 8, vocab 50257"
+    if name in ("hf_llama", "hf_gpt2_8k", "hf_qwen2"):
+        return hf_activation_bound(name, steps, gen)
     common = dict(n_layer=4, d_model=256, n_head=4, seq_len=256, vocab_size=512)
     if name == "gpt":
         cfg = GPTConfig(**common, dropout=0.1)
@@ -81,6 +85,26 @@ def workload(name: str, steps: int):
         cfg = LlamaConfig(**common, ffn_dim=688)
         model = init_weights(Llama(cfg))
     return model, [gpt_batch(cfg, 8, gen) for _ in range(steps)], f"{name}: 4 layers, d_model 256, seq 256, batch 8"
+
+
+def hf_activation_bound(name: str, steps: int, gen: torch.Generator):
+    """Hugging Face models where activations, not the vocabulary, dominate
+    the step: 6 layers, d_model 384, 6 heads, vocab 8192, seq 256, batch 8
+    (random weights from a config)."""
+    import transformers
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=8192, hidden_size=384, num_hidden_layers=6, num_attention_heads=6,
+                  max_position_embeddings=256, use_cache=False)
+    if name == "hf_llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, intermediate_size=1024))
+    elif name == "hf_qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, intermediate_size=1024))
+    else:
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=8192, n_embd=384, n_layer=6, n_head=6, n_positions=256, use_cache=False))
+    batches = [(ids := torch.randint(0, 8192, (8, 256), generator=gen), ids) for _ in range(steps)]
+    return HFCausalLM(model), batches, f"{name}: 6 layers, d_model 384, 6 heads, seq 256, batch 8, vocab 8192"
 
 
 def variants(budgets, torch_budgets) -> list[Variant]:

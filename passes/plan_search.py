@@ -212,6 +212,11 @@ def _fit_simulated_peak(
     fit_start = first_reduced if budget.peak_of(first.timeline) <= target else None
     resolves = 0
     search = "none allowed (peak_fit_solves=0)" if solves == 0 else _no_cap_left(bracket, clamped)
+    fastest = added_seconds(candidates.problem, first.solution) <= budget.fastest_seconds * (1 + 1e-9) + 1e-15
+    if fastest and budget.peak_of(first.timeline) <= target:
+        # No cap buys back time the plan does not spend (HF Llama at 1.0
+        # re-solved three times for the same plan).
+        solves, search = 0, "none needed: the plan fits and is the fastest plan at any budget"
     if planner == "milp" and first.solution.solver == "recompute_all":
         # HiGHS stopped at its limit without a plan (`policies.milp_policy`):
         # under the same limit a re-solve would stop again.

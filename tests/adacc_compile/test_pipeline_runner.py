@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from adacc_compile.passes.plan_timing import PlanTiming
 from adacc_compile import pipeline
 
 
@@ -27,7 +28,7 @@ def test_stages_run_with_the_collector_paused_and_its_state_restored(recorded, e
     was = gc.isenabled()
     try:
         (gc.enable if enabled else gc.disable)()
-        state = SimpleNamespace(stage_seconds={})
+        state = SimpleNamespace(stage_seconds={}, plan_timing=PlanTiming())
         pipeline.run_pipeline(state)
         assert recorded == [("first", False), ("calibrate", False), ("last", False)]
         assert gc.isenabled() is enabled
@@ -43,14 +44,14 @@ def test_collector_restored_when_a_stage_raises(monkeypatch):
     monkeypatch.setattr(pipeline, "STAGES", (("broken", broken),))
     assert gc.isenabled()
     with pytest.raises(RuntimeError, match="stage failed"):
-        pipeline.run_pipeline(SimpleNamespace(stage_seconds={}))
+        pipeline.run_pipeline(SimpleNamespace(stage_seconds={}, plan_timing=PlanTiming()))
     assert gc.isenabled()
 
 
 def test_parts_and_skips(recorded):
-    pipeline.run_pipeline(SimpleNamespace(stage_seconds={}), after="first", skip=frozenset({"calibrate"}))
+    pipeline.run_pipeline(SimpleNamespace(stage_seconds={}, plan_timing=PlanTiming()), after="first", skip=frozenset({"calibrate"}))
     assert [name for name, _ in recorded] == ["last"]
     with pytest.raises(ValueError, match="cannot skip"):
-        pipeline.run_pipeline(SimpleNamespace(stage_seconds={}), skip=frozenset({"first"}))
+        pipeline.run_pipeline(SimpleNamespace(stage_seconds={}, plan_timing=PlanTiming()), skip=frozenset({"first"}))
     with pytest.raises(ValueError, match="no stage"):
-        pipeline.run_pipeline(SimpleNamespace(stage_seconds={}), until="nowhere")
+        pipeline.run_pipeline(SimpleNamespace(stage_seconds={}, plan_timing=PlanTiming()), until="nowhere")
