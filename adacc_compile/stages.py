@@ -24,7 +24,13 @@ from adacc_compile.passes.fusion import Realization
 from adacc_compile.passes.peak_model import build_memory_model
 from adacc_compile.passes.plan_problem import BlockRepeat, PlanProblem
 from adacc_compile.passes.plan_search import SplitContext, search_plan
-from adacc_compile.passes.structure import block_classes, no_reduction, protect_block_boundaries, reduce_identical_blocks
+from adacc_compile.passes.structure import (
+    block_classes,
+    differing_blocks,
+    no_reduction,
+    protect_block_boundaries,
+    reduce_identical_blocks,
+)
 from adacc_compile.passes.verify import verify_split
 from adacc_compile.state import PartitionState
 
@@ -139,6 +145,7 @@ def structure_stage(state: PartitionState) -> None:
         reduction = reduce_identical_blocks(full, nodes, classes)
     else:
         reduction = no_reduction(full)
+    reduction = dataclasses.replace(reduction, differing=differing_blocks(full, nodes, classes))
     memory = build_memory_model(full, coarse_blocks=coarse, rep_of=reduction.rep_of)
     state.candidates = CandidateSet(problem=dataclasses.replace(full, memory=memory), nodes=nodes)
     state.reduction = dataclasses.replace(

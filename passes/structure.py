@@ -44,6 +44,9 @@ class BlockReduction:
     classes: tuple[tuple[str, ...], ...]
     """Block ids grouped by identical structure (classes of two or more)."""
     full_candidates: int
+    differing: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Block of a class's family that is in no class -> how it differs from
+    the class's representative (`differing_blocks`), for the summary."""
 
     @property
     def used(self) -> bool:
@@ -70,6 +73,7 @@ class BlockReduction:
             "blocks": sum(len(c) for c in self.classes),
             "candidates_full": self.full_candidates,
             "candidates_solved": len(self.problem.candidates),
+            "differing_blocks": dict(self.differing),
         }
 
 
@@ -115,6 +119,36 @@ def block_classes(problem: PlanProblem, nodes: dict[str, fx.Node]) -> tuple[tupl
                 same.sort(key=lambda b: -position[blocks[b][0].name])
                 classes.append(tuple(same))
     return tuple(classes)
+
+
+def differing_blocks(
+    problem: PlanProblem, nodes: dict[str, fx.Node], classes: tuple[tuple[str, ...], ...]
+) -> dict[str, str]:
+    """Blocks of a class's family (``model.layers``) left out of every class,
+    each with the first difference from the class's representative: a
+    model whose first or last block really differs (T5's first block holds
+    the relative attention bias) says which of its values do."""
+    blocks = _blocks(problem)
+    members = {b for cls in classes for b in cls}
+    reps = {_family(cls[0]): cls[0] for cls in classes}
+    out = {}
+    for block, cands in blocks.items():
+        rep = reps.get(_family(block))
+        if rep is None or block in members:
+            continue
+        mine, theirs = _signature(cands, nodes), _signature(blocks[rep], nodes)
+        if len(mine[0]) != len(theirs[0]):
+            out[block] = f"{len(mine[0])} candidate values against {len(theirs[0])} in {rep}"
+            continue
+        index = next((i for i, (a, b) in enumerate(zip(mine[0], theirs[0])) if a != b), None)
+        if index is None:
+            out[block] = f"the same values as {rep}, computed from each other differently"
+        else:
+            out[block] = (
+                f"{cands[index].name} ({mine[0][index][0]}, {mine[0][index][1]}) where {rep} has "
+                f"{blocks[rep][index].name} ({theirs[0][index][0]}, {theirs[0][index][1]})"
+            )
+    return out
 
 
 def protect_block_boundaries(problem: PlanProblem, classes: tuple[tuple[str, ...], ...]) -> PlanProblem:

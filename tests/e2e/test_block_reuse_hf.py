@@ -97,3 +97,20 @@ def test_one_block_class_covers_every_layer_and_the_milp_does_not_grow_with_dept
     shallow, deep = by_depth[DEPTHS[0]], by_depth[DEPTHS[-1]]
     assert deep["rows"] <= GROWTH * shallow["rows"], (family, shallow, deep)
     assert deep["columns"] <= GROWTH * shallow["columns"], (family, shallow, deep)
+
+
+def test_a_block_that_really_differs_is_named_with_its_difference():
+    """T5's first encoder block holds the relative attention bias: the other
+    three fold into one class, and the summary says how block 0 differs."""
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=VOCAB, d_model=D_MODEL, d_ff=64, num_layers=4, num_heads=HEADS, d_kv=8)
+    compiled, partitioner = compile_with_reports(
+        transformers.T5EncoderModel(config), "adacc_eager", {"memory_budget": 0.5, "device_profile": "h100"}
+    )
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(0))
+    compiled(input_ids=ids).last_hidden_state.mean().backward()
+    (report,) = partitioner.reports
+    reuse = report["summary"]["block_reuse"]
+    assert reuse["used"] and reuse["blocks"] == 3
+    assert list(reuse["differing_blocks"]) == ["encoder.block.0"]
+    assert "encoder.block.3" in reuse["differing_blocks"]["encoder.block.0"]
