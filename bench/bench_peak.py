@@ -95,7 +95,7 @@ def hf_activation_bound(name: str, steps: int, gen: torch.Generator):
 
     torch.manual_seed(0)
     common = dict(vocab_size=8192, hidden_size=384, num_hidden_layers=6, num_attention_heads=6,
-                  max_position_embeddings=256, use_cache=False)
+                  num_key_value_heads=6, max_position_embeddings=256, use_cache=False)
     if name == "hf_llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, intermediate_size=1024))
     elif name == "hf_qwen2":
