@@ -113,6 +113,7 @@ def test_a_few_bit_plan_under_inductor_is_fused_and_within_its_bound(model_name,
     assert_same(expected, actual, rel=GRADIENT_ERROR_MULTIPLE * get_codec(codec).error_bound + INDUCTOR_REL)
 
 
+@pytest.mark.slow  # ~20 s of Inductor compiles: the default run stays under 15 minutes
 def test_an_aggressive_plan_that_compresses_nothing_gives_eager_gradients():
     """Kept whole for the planner but not compressed, the GELU backward is
     decomposed as Inductor would have: the same gradients, no extern call."""
