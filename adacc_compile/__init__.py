@@ -1,8 +1,9 @@
 """adacc: a torch.compile backend that keeps, recomputes or compresses each
 saved activation under a memory budget (``backend="adacc"``).
 
-The adaptive re-planning API (`adacc_compile.adaptation`) is importable from
-here; it loads on first use, so that registering the backend stays cheap."""
+``adacc_compile.plans(model)`` (`adacc_compile.plan_records`) and the adaptive
+re-planning API (`adacc_compile.adaptation`) are importable from here; they
+load on first use, so that registering the backend stays cheap."""
 
 from typing import Any
 
@@ -14,6 +15,10 @@ _ADAPTATION = ("current_plan", "plan_history", "replan")
 
 
 def __getattr__(name: str) -> Any:
+    if name == "plans":
+        from adacc_compile.plan_records import plans
+
+        return plans
     if name in _ADAPTATION:
         from adacc_compile import adaptation
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from adacc_compile import compat
+from adacc_compile import compat, plan_records
 from adacc_compile.config import AdaccConfig
 from adacc_compile.passes.codec_options import allowed_codecs
 from adacc_compile.passes.compress_rewrite import replaced_ops
@@ -187,6 +187,7 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         if len(self.reports) == planned:  # no backward: nothing held
             return compiled, False
         summary = self.reports[-1]["summary"]
+        plan_records.record(self, example_inputs, summary)
         holding = Holding(self.graph_index, summary["planned_saved_bytes"], summary["default_saved_bytes"])
         return tracked(compiled, holding), True
 
