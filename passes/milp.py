@@ -163,10 +163,7 @@ def solve_milp(
     with plan_timing.timed("build"):
         model = _build(problem, minimize=minimize, time_cap_s=time_cap_s)
         lp = _to_lp(model, minimize, problem)
-    timing = plan_timing.active()
-    if timing is not None:
-        timing.solves += 1
-        timing.add_model(lp.num_row_, lp.num_col_)
+    plan_timing.count_solve(lp.num_row_, lp.num_col_)
     highs = _quiet_highs()
     highs.setOptionValue("time_limit", float(options.time_limit_s))
     highs.setOptionValue("mip_max_nodes", int(options.node_limit))

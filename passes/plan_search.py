@@ -474,9 +474,7 @@ def _split(
     errors = check_solution(unbudgeted, solution)
     if errors:
         raise RuntimeError(f"adacc planner {solution.solver} produced an illegal plan: {errors}")
-    timing = plan_timing.active()
-    if timing is not None:
-        timing.splits += 1
+    plan_timing.count_split()
     with plan_timing.timed("split"):
         saved = saved_values_for(context.joint, context.info, candidates, solution)
         fw, bw = split_joint_graph(context.joint, context.info, saved, num_fwd_outputs=context.num_fwd_outputs)

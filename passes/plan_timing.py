@@ -50,11 +50,6 @@ class PlanTiming:
 _ACTIVE: ContextVar[PlanTiming | None] = ContextVar("adacc_plan_timing", default=None)
 
 
-def active() -> PlanTiming | None:
-    """The record of the pipeline run in progress, if any."""
-    return _ACTIVE.get()
-
-
 @contextlib.contextmanager
 def recording(timing: PlanTiming) -> Iterator[PlanTiming]:
     """Makes ``timing`` the record the planner's parts add to."""
@@ -63,6 +58,21 @@ def recording(timing: PlanTiming) -> Iterator[PlanTiming]:
         yield timing
     finally:
         _ACTIVE.reset(token)
+
+
+def count_solve(rows: int, columns: int) -> None:
+    """One HiGHS solve of a model this size, on the active record."""
+    timing = _ACTIVE.get()
+    if timing is not None:
+        timing.solves += 1
+        timing.add_model(rows, columns)
+
+
+def count_split() -> None:
+    """One split of a plan into forward and backward graphs."""
+    timing = _ACTIVE.get()
+    if timing is not None:
+        timing.splits += 1
 
 
 @contextlib.contextmanager

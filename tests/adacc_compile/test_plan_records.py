@@ -23,7 +23,8 @@ def test_plans_lists_each_planned_graph_of_the_model_without_options():
     compiled(*batch).backward()
     (plan,) = adacc_compile.plans(model)
     assert plan is adacc_compile.plans(compiled)[0]
-    assert plan.graph_index == 0 and plan.budget_bytes > 0 and plan.predicted_peak_bytes > 0
+    assert plan.graph_index == plan.summary["graph_index"]  # counts graphs across the process
+    assert plan.budget_bytes > 0 and plan.predicted_peak_bytes > 0
     assert sum(plan.decisions.values()) > 0 and plan.planning_seconds > 0
     assert plan.summary["block_reuse"]["used"]
     assert adacc_compile.plans(other) == []
