@@ -264,15 +264,22 @@ def inductor_compile(
     if whole_ops:
         whole = set(whole_ops)
         decompositions = {op: fn for op, fn in select_decomp_table().items() if op not in whole}
-    if pinned_meta_key is None:
-        return compile_fx(gm, example_inputs, config_patches=config_patches, decompositions=decompositions)
     import torch._functorch.config as functorch_config
-    from torch._inductor.virtualized import V
 
-    with functorch_config.patch(force_non_lazy_backward_lowering=True), V.set_choices_handler(
-        _PinnedNodesStay(V.choices, pinned_meta_key)
-    ):
-        return compile_fx(gm, example_inputs, config_patches=config_patches, decompositions=decompositions)
+    # AOTAutograd's cache stores the partitioned graphs and, on a hit, never
+    # calls the partitioner: no plan report, warnings, dumps, step-ledger
+    # share or adaptation. It stays off for these graphs so the partitioner
+    # runs on every compile; Inductor's FX graph cache, keyed on each split
+    # graph (the plan's rewrite included), still serves their code.
+    with functorch_config.patch(enable_autograd_cache=False):
+        if pinned_meta_key is None:
+            return compile_fx(gm, example_inputs, config_patches=config_patches, decompositions=decompositions)
+        from torch._inductor.virtualized import V
+
+        with functorch_config.patch(force_non_lazy_backward_lowering=True), V.set_choices_handler(
+            _PinnedNodesStay(V.choices, pinned_meta_key)
+        ):
+            return compile_fx(gm, example_inputs, config_patches=config_patches, decompositions=decompositions)
 
 
 def decompose_whole_ops(gm: fx.GraphModule, ops: Sequence[Any]) -> int:

@@ -99,8 +99,8 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         # Inductor's FX graph cache key pickles its whole config, this object
         # included (besides `uuid()`): only the config may go into that pickle,
         # not the reports (timings) or the batch held for calibration, or no
-        # key would ever repeat.
-        return (AdaccPartitioner, (self.config,))
+        # key would ever repeat; nor where the dumps go (see `uuid`).
+        return (AdaccPartitioner, (dataclasses.replace(self.config, dump_dir=None),))
 
     def __call__(
         self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
@@ -218,8 +218,9 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
     def uuid(self) -> str:
         """Config + adacc sources + the device profile's figures: a graph
         planned under other options, by other code or under other costs is
-        never served from Inductor's cache."""
+        never served from Inductor's cache. ``dump_dir`` is left out: where
+        the dumps go changes no code, and a run that writes them elsewhere
+        still hits the cache."""
         profile = profile_by_name(self.config.device_profile)
-        return hashlib.sha256(
-            (self.config.to_json() + _source_digest() + profile.digest() + self.revision).encode()
-        ).hexdigest()
+        options = dataclasses.replace(self.config, dump_dir=None).to_json()
+        return hashlib.sha256((options + _source_digest() + profile.digest() + self.revision).encode()).hexdigest()

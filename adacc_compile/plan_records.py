@@ -5,9 +5,8 @@ The partitioner records each training graph it plans against the real
 tensors Dynamo handed it (the model's parameters among them), weakly, so a
 record neither keeps a model alive nor matches another model that reuses a
 freed parameter's address. A graph planned again (a step budget's re-plan
-for room, an adaptive re-plan) replaces its record. A graph whose compiled
-code came from torch's compile caches was not planned in this process and
-has no record.
+for room, an adaptive re-plan) replaces its record. Every compile plans,
+torch's compile caches on or off (`compat.inductor_compile`).
 """
 
 from __future__ import annotations
@@ -70,8 +69,7 @@ def record(owner: object, inputs: Sequence[Any], summary: dict[str, Any]) -> Non
 def plans(model: torch.nn.Module) -> list[GraphPlan]:
     """One record per graph adacc planned in this process that runs
     ``model``'s parameters (the module or its ``torch.compile`` wrapper),
-    in graph order; empty before the first step, or where every graph came
-    from torch's compile caches."""
+    in graph order; empty before the first step."""
     mine = {id(p) for p in model.parameters()}
     found = []
     for refs, plan in _RECORDS.values():
