@@ -10,6 +10,8 @@ import torch
 
 from adacc_test_utils import EAGER_REL, assert_same, build, compile_capturing, compile_with_reports, loss_and_grads
 
+pytestmark = pytest.mark.torch_defaults  # compile caches on (adacc_eager uses none of them)
+
 BUDGETS = (1.0, 0.5, 0.2)
 
 

@@ -25,6 +25,8 @@ from adacc_test_utils import (
     loss_and_grads,
 )
 
+pytestmark = pytest.mark.torch_defaults  # compile caches on, Inductor's own random numbers
+
 SWEEP_POINTS = 10
 
 
