@@ -517,6 +517,12 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 # --------------------------------------------------------------------------
 
 
+def profiler_active() -> bool:
+    """Whether a ``torch.profiler`` (or autograd profiler) is running in this
+    process: a second one cannot start inside it."""
+    return bool(torch.autograd.profiler._is_profiler_enabled)
+
+
 def allocator_totals(prof: Any) -> list[int]:
     """Bytes allocated above the level at profiling start, after every
     allocation and free that a ``torch.profiler.profile(profile_memory=True)``

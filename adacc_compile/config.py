@@ -179,6 +179,14 @@ class AdaccConfig:
     """False: the planner may only keep or compress (free view recomputation
     aside) — the "compression alone" baseline."""
 
+    measure_step: bool = True
+    """Under ``budget_scope="step"``: measure each graph's first training
+    step and, where the measured peak is over the budget (or far under a
+    budget that binds), re-plan once at the next step with the model's cap
+    moved by the difference (`adacc_compile.step_measure`). On a CPU the
+    step is measured with the profiler (once); False leaves the model's
+    prediction unchecked."""
+
     peak_fit_solves: int = 1
     """Further MILP solves (each a split and a simulation of the graphs)
     that move the model's cap until the split graphs' simulated activation
@@ -287,7 +295,8 @@ class AdaccConfig:
             if name in options:
                 kwargs[name] = str(options[name])
         for name in ("overlap_recompute", "block_reuse", "allow_recompute", "calibrate_codecs", "adapt",
-                     "inductor_buffer_reuse", "place_backward_only_early", "place_backward_only_views_early"):
+                     "inductor_buffer_reuse", "place_backward_only_early", "place_backward_only_views_early",
+                     "measure_step"):
             if name in options:
                 kwargs[name] = _bool(name, options[name])
         for name in ("solver_time_limit_s", "mip_rel_gap", "plan_check_timeout_s"):

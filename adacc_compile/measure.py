@@ -37,19 +37,19 @@ def measure_peak_bytes(step: Callable[[], Any], device: str | torch.device = "cp
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with _native_stderr_silenced():
+    with native_stderr_silenced():
         prof.start()
     try:
         step()
     finally:
-        with _native_stderr_silenced():
+        with native_stderr_silenced():
             prof.stop()
     totals = compat.allocator_totals(prof)
     return max([0, *totals])
 
 
 @contextlib.contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
+def native_stderr_silenced() -> Iterator[None]:
     """Kineto logs ``USDT ... profiler_start`` / ``profiler_stop`` lines to
     the C-level stderr at every profiler start and stop (torch 2.13), which
     a measurement loop turns into dozens of lines in the user's output; only

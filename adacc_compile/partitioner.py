@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import logging
 import pathlib
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -25,10 +27,13 @@ from adacc_compile.passes.compress_rewrite import replaced_ops
 from adacc_compile.passes.device_profile import profile_by_name
 from adacc_compile.passes.fusion import PLACED, Realization, mark_placed
 from adacc_compile.pipeline import run_pipeline
+from adacc_compile.step_measure import Correction
 from adacc_compile.step_ledger import LEDGER, Holding, StepBudgetGraph, ask_earlier_graphs_for_room, tracked
 from adacc_compile.state import PartitionState
 
 _SOURCE_ROOTS = (pathlib.Path(__file__).parent,)
+
+log = logging.getLogger(__name__)
 
 
 def _source_digest() -> str:
@@ -86,6 +91,9 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         Inductor's caches never serve the plan being replaced."""
         self.start_plan: dict[str, Any] | None = None
         """Set while re-planning: the plan being replaced, the MILP's start."""
+        self.corrections: dict[int, int] = {}
+        """Per graph index, how far its measured first step peaked above its
+        plan's prediction, where that buys a re-plan (`step_measure`)."""
         self.last_state: PartitionState | None = None
         """With ``adapt``, the state of the graph planned last: the
         adaptation controller monitors its compressed values."""
@@ -126,6 +134,7 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             earlier_graphs=tuple(h.graph for h in LEDGER.holding()),
             boundary_cap_bytes=LEDGER.cap_for(self.graph_index),
             later_gradient_bytes=LEDGER.later_gradient_bytes(self.graph_index),
+            measured_excess_bytes=self.corrections.get(self.graph_index, 0),
             start_plan=self.start_plan,
         )
         self.real_inputs = None
@@ -156,6 +165,7 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             return StepBudgetGraph(
                 compiled, functools.partial(self.replan_for_room, gm, eager=eager, graph_index=graph_index),
                 graph_index,
+                measured=functools.partial(self.step_measured, graph_index) if self.config.measure_step else None,
             )
         if not planned or not self.config.adapt or self.last_state is None:
             return compiled
@@ -194,16 +204,51 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
     def replan_for_room(
         self, gm: fx.GraphModule, args: Sequence[Any], *, eager: bool, graph_index: int
     ) -> Callable[..., Any] | None:
-        """Graph ``graph_index`` planned and compiled again under the cap a
-        later graph of the step asked for (`step_ledger`); None where no
-        training graph came out."""
-        self.revision = f"step-room:{graph_index}:{LEDGER.cap_for(graph_index)}"
+        """Graph ``graph_index`` planned and compiled again at a step
+        boundary: under the cap a later graph of the step asked for
+        (`step_ledger`), with its measured first step's correction
+        (`step_measure`); None where no training graph came out."""
+        correction = self.corrections.get(graph_index, 0)
+        self.revision = f"step-room:{graph_index}:{LEDGER.cap_for(graph_index)}:{correction}"
         try:
             compiled, planned = self.plan_and_compile(gm, list(args), eager=eager, graph_index=graph_index)
         finally:
             self.revision = ""
         self.last_state = None
         return compiled if planned else None
+
+    def step_measured(self, graph_index: int, peak_bytes: int) -> bool:
+        """Graph ``graph_index``'s first training step peaked at
+        ``peak_bytes``: recorded in its summary (and `plans`); returns
+        whether its plan is to be made again with the model's cap moved by
+        the difference from the prediction (`step_measure.Correction`)."""
+        summary = next(r["summary"] for r in reversed(self.reports) if r["summary"]["graph_index"] == graph_index)
+        summary["measured_step_peak_bytes"] = peak_bytes
+        plan_records.refresh(self, graph_index, summary)
+        correction = Correction(
+            measured_bytes=peak_bytes, predicted_bytes=summary["predicted_peak_bytes"],
+            budget_bytes=summary["requested_budget_bytes"],
+        )
+        if not correction.wanted(clamped=summary["budget_clamped_to_minimum"]):
+            return False
+        self.corrections[graph_index] = self.corrections.get(graph_index, 0) + correction.error_bytes
+        over = correction.measured_bytes - correction.budget_bytes
+        if over > 0:
+            warnings.warn(
+                f"adacc: graph {graph_index}'s first step peaked at {peak_bytes} bytes, {over} bytes "
+                f"({over / correction.budget_bytes:.1%}) over its budget {correction.budget_bytes} (predicted "
+                f"{correction.predicted_bytes}); it re-plans at its next call with the model's cap "
+                f"{correction.error_bytes} bytes lower",
+                stacklevel=2,
+            )
+        else:
+            log.info(
+                "adacc graph %d: first step peaked at %d bytes, %d under the budget %d (predicted %d); "
+                "re-planning at the next call with the cap %d bytes higher",
+                graph_index, peak_bytes, -over, correction.budget_bytes, correction.predicted_bytes,
+                -correction.error_bytes,
+            )
+        return True
 
     def whole_ops(self) -> tuple[Any, ...]:
         """`whole_ops` of this partitioner's config."""

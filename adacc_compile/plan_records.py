@@ -28,6 +28,9 @@ class GraphPlan:
     predicted_peak_bytes: int
     """The whole simulated step (activations, gradients, temporaries)."""
     predicted_activation_peak_bytes: int
+    measured_peak_bytes: int | None
+    """The first step's measured peak (`adacc_compile.step_measure`, under a
+    step budget), once that step's backward ran; else None."""
     fits_budget: bool
     decisions: dict[str, int]
     """Decision -> how many values got it."""
@@ -46,6 +49,7 @@ class GraphPlan:
             budget_scope=summary["budget_scope"],
             predicted_peak_bytes=summary["predicted_peak_bytes"],
             predicted_activation_peak_bytes=summary["predicted_activation_peak_bytes"],
+            measured_peak_bytes=summary.get("measured_step_peak_bytes"),
             fits_budget=summary["fits_budget"],
             decisions=dict(summary["decisions"]),
             codecs=dict(summary["codecs"]),
@@ -64,6 +68,14 @@ def record(owner: object, inputs: Sequence[Any], summary: dict[str, Any]) -> Non
     """Records ``summary`` for the graph whose real inputs were ``inputs``."""
     params = tuple(weakref.ref(t) for t in inputs if isinstance(t, torch.nn.Parameter))
     _RECORDS[(id(owner), summary["graph_index"])] = (params, GraphPlan.from_summary(summary))
+
+
+def refresh(owner: object, graph_index: int, summary: dict[str, Any]) -> None:
+    """Graph ``graph_index``'s record made again from ``summary`` (updated
+    in place since: a measured step peak)."""
+    key = (id(owner), graph_index)
+    if key in _RECORDS:
+        _RECORDS[key] = (_RECORDS[key][0], GraphPlan.from_summary(summary))
 
 
 def plans(model: torch.nn.Module) -> list[GraphPlan]:

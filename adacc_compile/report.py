@@ -300,6 +300,8 @@ def summarize(state: "PartitionState") -> dict[str, Any]:
         "requested_budget_bytes": state.budget.requested_bytes,
         "budget_clamped_to_minimum": state.budget.clamped,
         "held_by_earlier_graphs": state.budget.held_by_earlier_graphs,
+        "measured_correction_bytes": state.measured_excess_bytes,
+        "measured_step_peak_bytes": None,
         "earlier_graphs": list(state.earlier_graphs),
         "default_saved_bytes": state.budget.default_saved_bytes,
         "default_activation_peak_bytes": state.budget.default_peak_bytes,

@@ -189,6 +189,7 @@ def budget_stage(state: PartitionState) -> None:
         ),
         held_by_earlier_graphs=state.held_by_earlier_graphs,
         held_default_by_earlier_graphs=state.held_default_by_earlier_graphs,
+        measured_excess=state.measured_excess_bytes,
         scope=state.config.budget_scope,
         boundary_cap=state.boundary_cap_bytes,
     )

@@ -46,6 +46,10 @@ class PartitionState:
     boundary_cap_bytes: int | None = None
     """Saved bytes later graphs of the step leave this one at its
     forward/backward boundary (`step_ledger.StepLedger.ask_room`)."""
+    measured_excess_bytes: int = 0
+    """How far the measured first step's peak was above (negative: below)
+    the plan's prediction (`step_measure`): the budget's cap moves down by
+    it when the graph re-plans."""
     earlier_output_bytes: int = 0
     """Under a step budget after a graph break: earlier graphs' outputs
     this graph reads, alive through its forward (`stages.earlier_output_bytes`)."""

@@ -69,6 +69,9 @@ class StepLedger:
         leaves alive (its parameters' gradients) through this graph's backward."""
         self._planned: dict[int, _Planned] = {}
         """Per graph, what its current plan was made under."""
+        self.holds = 0
+        """Training-graph calls so far (`hold`): a call whose backward ends
+        with one more than at its start ran no other graph in between."""
 
     def new_graph(self) -> int:
         with self._lock:
@@ -88,6 +91,7 @@ class StepLedger:
     def hold(self, holding: Holding) -> None:
         with self._lock:
             self._held[holding.graph] = holding
+            self.holds += 1
 
     def release(self, graph: int) -> None:
         with self._lock:
@@ -237,6 +241,10 @@ class StepBudgetGraph:
     .ask_room`), the step boundary, it is planned and compiled again under
     its cap (``replan``) and runs that from then on.
 
+    With ``measured``, the first training call that runs no other graph is
+    measured (`step_measure`); ``measured(peak_bytes)`` says whether to
+    re-plan, which happens at the next call, once.
+
     Steps in flight keep their own backward (AOTAutograd's autograd node
     holds it). With ``adapt``, `adaptation.AdaptiveGraph` does the same."""
 
@@ -246,18 +254,46 @@ class StepBudgetGraph:
         replan: Callable[[tuple[Any, ...]], Callable[..., Any] | None],
         graph: int,
         ledger: StepLedger = LEDGER,
+        *,
+        measured: Callable[[int], bool] | None = None,
     ) -> None:
         self.compiled = compiled
         self.replan = replan
         self.graph = graph
         self.ledger = ledger
         self.replans = 0
+        self.measured = measured
+        self._probe: object | None = None
+        """The measurement in flight (its backward has not run yet)."""
+        self._correct = False
 
     def __call__(self, *args: Any) -> Any:
-        if self.ledger.needs_room(self.graph):
+        if self._correct or self.ledger.needs_room(self.graph):
             compiled = self.replan(args)
             self.replans += 1
+            self._correct = False
             self.ledger.settle(self.graph)
             if compiled is not None:
                 self.compiled = compiled
-        return self.compiled(*args)
+        if self.measured is None or self.ledger.held_bytes():
+            return self.compiled(*args)  # measured already, or after a graph break
+        from adacc_compile.step_measure import StepPeakProbe, measured_call
+
+        if self._probe is not None:  # the last measured call never ran its backward
+            self._probe.stop()  # type: ignore[attr-defined]
+        probe = self._probe = StepPeakProbe.for_inputs(args)
+        if probe is None:
+            return self.compiled(*args)
+        holds = self.ledger.holds
+
+        def done(peak: int | None) -> None:
+            if self._probe is not probe:
+                return  # given up for a later call
+            self._probe = None
+            if peak is None:
+                return  # no backward: a later call is measured
+            alone, self.measured = self.measured, None
+            if alone is not None and self.ledger.holds == holds + 1:
+                self._correct = alone(peak)
+
+        return measured_call(self.compiled, args, probe, done)

@@ -85,6 +85,7 @@ def resolve_budget(
     default_counted_bytes: int | None = None,
     held_by_earlier_graphs: int = 0,
     held_default_by_earlier_graphs: int = 0,
+    measured_excess: int = 0,
     scope: str = "activations",
     boundary_cap: int | None = None,
 ) -> BudgetResolution:
@@ -101,7 +102,11 @@ def resolve_budget(
 
     ``boundary_cap``: saved bytes at the forward/backward boundary that
     later graphs of the step leave this one (`step_ledger.StepLedger
-    .ask_room`), a cap on the boundary share besides the ratio's."""
+    .ask_room`), a cap on the boundary share besides the ratio's.
+
+    ``measured_excess``: how far a measured step of an earlier plan peaked
+    above its prediction (`adacc_compile.step_measure`); the cap is lower
+    by that much (higher where it is negative)."""
     assert problem.memory is not None, "resolve_budget needs a problem with a memory model"
     full_problem = full_problem or problem
     # The fastest plan, without memory rows (nothing bounds it).
@@ -125,6 +130,7 @@ def resolve_budget(
     else:
         requested = budget.resolve(0) - held_by_earlier_graphs
         boundary = None
+    requested -= measured_excess
     if boundary_cap is not None:
         boundary = boundary_cap if boundary is None else min(boundary, boundary_cap)
     return BudgetResolution(
