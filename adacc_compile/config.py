@@ -29,7 +29,7 @@ _UNITS = {
     "tib": 2**40,
 }
 
-PLANNERS = ("milp", "greedy", "recompute_all", "keep_all")
+PLANNERS = ("milp", "greedy", "recompute_all", "keep_all", "full_ac")
 ACCURACY_MODES = ("lossless", "balanced", "aggressive")
 ON_INFEASIBLE = ("warn", "error")
 BUDGET_SCOPES = ("activations", "step")
@@ -126,7 +126,8 @@ class AdaccConfig:
     default partitioner's step peak, as modelled."""
 
     planner: str = "milp"
-    """Decision policy: "milp" (HiGHS), "greedy", "recompute_all", "keep_all"."""
+    """Decision policy: "milp" (HiGHS), "greedy", "recompute_all", "keep_all",
+    "full_ac" (each block's input kept, the block recomputed in its backward)."""
 
     solver_time_limit_s: float = 120.0
     """HiGHS time limit, a safety net; on expiry the best incumbent is used

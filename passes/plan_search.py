@@ -53,7 +53,7 @@ from .structure import BlockReduction
 
 log = logging.getLogger(__name__)
 
-FIXED_PLANNERS = ("keep_all", "recompute_all")
+FIXED_PLANNERS = ("keep_all", "recompute_all", "full_ac")
 
 PEAK_FIT_TOLERANCE = 0.03
 """A simulated activation peak this far under the budget (as a share of

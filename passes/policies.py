@@ -14,7 +14,7 @@ from typing import Callable
 
 from .greedy import _make_available, _Stuck, solve_greedy
 from .milp import SolverOptions, solve_milp
-from .plan_problem import Choice, PlanProblem, PlanSolution
+from .plan_problem import Choice, Decision, PlanProblem, PlanSolution
 
 Policy = Callable[[PlanProblem, SolverOptions], PlanSolution]
 
@@ -93,11 +93,40 @@ def recompute_all_policy(problem: PlanProblem, options: SolverOptions) -> PlanSo
     return PlanSolution(choices=state, status="heuristic", solver="recompute_all")
 
 
+def full_ac_policy(problem: PlanProblem, options: SolverOptions) -> PlanSolution:
+    """Full activation checkpointing per block, as Hugging Face's
+    ``gradient_checkpointing_enable`` or `torch.utils.checkpoint` around each
+    layer runs it: each block keeps what other parts of the step read from
+    it (its output, the next block's input) and recomputes in its backward
+    everything else that backward reads; values outside the blocks (the
+    embedding, the head, the loss) are kept where the backward reads them.
+    Two uses: a lowest-peak plan beside recomputing everything (whose
+    chains reach back through every earlier block), and the baseline a test
+    prices against full AC's measured step. A graph without blocks (a loss
+    after a graph break) keeps what its backward reads."""
+    by_name = problem.by_name()
+    read_across = {
+        i for c in problem.candidates for i in c.inputs if i in by_name and by_name[i].block != c.block
+    }
+    state: dict[str, Choice] = {}
+    for cand in problem.candidates:
+        if cand.can_keep and ((not cand.block and cand.required) or (cand.block and cand.name in read_across)):
+            state[cand.name] = Choice(decision=Decision.KEEP)
+    try:
+        for cand in problem.candidates:
+            if cand.required:
+                _make_available(cand.name, by_name, state, prefer_keep=False)
+    except _Stuck as stuck:
+        return PlanSolution(choices={}, status="infeasible", solver="full_ac", notes=(str(stuck),))
+    return PlanSolution(choices=state, status="heuristic", solver="full_ac")
+
+
 POLICIES: dict[str, Policy] = {
     "milp": milp_policy,
     "greedy": greedy_policy,
     "keep_all": keep_all_policy,
     "recompute_all": recompute_all_policy,
+    "full_ac": full_ac_policy,
 }
 
 
