@@ -72,6 +72,22 @@ def whole_ops(config: AdaccConfig) -> tuple[Any, ...]:
     return tuple(op for op in planned if op in MODELLED_WHOLE_OPS)
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_unchecked_habits(version: str) -> None:
+    """Once per process: where this torch is not among the versions the
+    Inductor habits the memory model mirrors were checked on."""
+    from adacc_compile.passes.inductor_habits import HABITS, unchecked_on
+
+    unchecked = unchecked_on(version)
+    if unchecked:
+        warnings.warn(
+            f"adacc: {len(unchecked)} of the {len(HABITS)} Inductor habits its memory model mirrors were not "
+            f"checked on torch {version} (passes/inductor_habits.py); predicted peaks may drift from measured "
+            f"ones (budget_scope='step' measures the first step and corrects)",
+            stacklevel=3,
+        )
+
+
 class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
     """Plans saved activations for one joint graph under ``config``."""
 
@@ -188,6 +204,7 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         if eager:
             compiled = compat.eager_aot_compile(gm, example_inputs, self)
         else:
+            _warn_unchecked_habits(torch.__version__)
             patches: dict[str, Any] = {"custom_partitioner_fn": self}
             if not self.config.inductor_buffer_reuse:  # frees at last use, as the plan's model does
                 patches["allow_buffer_reuse"] = False
