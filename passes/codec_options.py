@@ -65,6 +65,7 @@ from .codec_form import GraphForm, codec_key, graph_form
 from .codec_timing import is_aligned, measure_seconds_per_element
 from .device_profile import BUILTIN_PROFILES, DeviceProfile
 from .fusion import Realization
+from .lossy_uses import amplifying_use
 from .memory_sim import graph_scratch_bytes
 from .op_class import is_view_op
 from .plan_problem import CompressOption
@@ -112,7 +113,9 @@ def make_compress_options(
     codec's error on such a factor does not bound the sum's: on a small
     MLP whose plan compressed the loss's factor with fp8 (declared 0.06),
     the head's bias gradient came out wrong by 100%. Compressing the
-    activation it is computed from keeps the codec's bound."""
+    activation it is computed from keeps the codec's bound. Likewise a
+    value the backward reads in a cancelling term (an attention's output,
+    a softmax's: `lossy_uses`)."""
 
     def options(node: fx.Node) -> tuple[CompressOption, ...]:
         val = node.meta.get("val")
@@ -133,9 +136,10 @@ def make_compress_options(
         )
         derived = forward_needed is not None and node not in forward_needed and not is_view_op(node)
         small = val.numel() < MIN_LOSSY_ELEMENTS
+        amplified = any(not c.lossless for c in codecs) and amplifying_use(node, backward_nodes) is not None
         out = []
         for codec in codecs:
-            if (derived or small) and not codec.lossless:
+            if (derived or small or amplified) and not codec.lossless:
                 continue
             try:
                 if not codec.applies(query):
