@@ -138,15 +138,18 @@ def plan_once(captured: CapturedJoint, options: dict[str, Any]) -> dict[str, Any
     }
 
 
-def time_default_partition(captured: CapturedJoint, min_cut: bool = False) -> float:
+def time_default_partition(
+    captured: CapturedJoint, min_cut: bool = False, copy_graph: Any = copy.deepcopy
+) -> float:
     """Seconds of PyTorch's own `default_partition` (or, ``min_cut=True``,
-    the min-cut partitioner Inductor uses) on a copy of the same joint graph:
-    the fw/bw extraction any partitioner pays. Under lazy graph modules, as
-    Inductor's ``compile_fx`` runs every partitioner (and as adacc's
-    pipeline runs): new GraphModules generate their code on first call."""
+    the min-cut partitioner Inductor uses) on a copy of the same joint graph
+    (made by ``copy_graph``): the fw/bw extraction any partitioner pays.
+    Under lazy graph modules, as Inductor's ``compile_fx`` runs every
+    partitioner (and as adacc's pipeline runs): new GraphModules generate
+    their code on first call."""
     from functorch.compile import default_partition, min_cut_rematerialization_partition
 
-    gm = copy.deepcopy(captured.gm)
+    gm = copy_graph(captured.gm)
     partition = min_cut_rematerialization_partition if min_cut else default_partition
     with compat.lazy_graph_modules():
         start = time.perf_counter()

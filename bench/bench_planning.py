@@ -32,7 +32,6 @@ Outputs under --out-dir: planning{tag}.md and planning{tag}.json.
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import json
 import os
@@ -46,6 +45,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import adacc_compile  # noqa: E402,F401  (first: drops the repo root, whose kernels/ shadows Hugging Face's)
+from bench_llm_scale import time_default_partition  # noqa: E402
 from bench_pareto import CapturedJoint  # noqa: E402
 
 from adacc_compile.config import AdaccConfig  # noqa: E402
@@ -135,20 +135,6 @@ def plan(captured: CapturedJoint, options: dict[str, Any], *, eager: bool) -> di
     }
 
 
-def time_min_cut(captured: CapturedJoint) -> float:
-    """PyTorch's min-cut partitioner on a copy of the graph, under lazy
-    graph modules as Inductor runs it (`bench_llm_scale.time_default_partition`)."""
-    from functorch.compile import min_cut_rematerialization_partition
-
-    from adacc_compile import compat
-
-    gm = copy_graph(captured.gm)
-    with compat.lazy_graph_modules():
-        start = time.perf_counter()
-        min_cut_rematerialization_partition(gm, captured.joint_inputs, **captured.kwargs)
-        return time.perf_counter() - start
-
-
 def inductor_compile_seconds(family: str, layers: int, args: argparse.Namespace) -> float:
     """Inductor's whole compile of one training step (forward and backward
     graphs), default partitioner, caches off."""
@@ -212,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             if not warm:  # one-time costs (imports, codec registration) out of the timings
                 plan(captured, {"memory_budget": 1.0, "device_profile": args.profile}, eager=False)
                 warm.append(True)
-            min_cut = time_min_cut(captured)
+            min_cut = time_default_partition(captured, min_cut=True, copy_graph=copy_graph)
             print(f"{family} {layers}L: {len(captured.gm.graph.nodes)} joint nodes, traced in "
                   f"{captured.trace_seconds:.1f} s, min-cut {min_cut:.2f} s", flush=True)
             for mode in args.modes:
