@@ -213,12 +213,19 @@ SEED = 0
 
 
 def row_sample(x: torch.Tensor, max_elements: int = SAMPLE_ELEMENTS) -> torch.Tensor:
-    """The first whole rows of ``x`` (last dim = channels) up to
-    ``max_elements``; at least one row; ``x`` itself when small enough."""
+    """Whole rows of ``x`` (last dim = channels) up to ``max_elements``,
+    evenly spaced over the whole value (first and last row included), so
+    that a drift in any part of a batch (later sequence positions, a later
+    sample) is seen; at least one row; ``x`` itself when small enough.
+    The same rows every time: plans repeat across processes."""
     if x.numel() <= max_elements or x.dim() < 2:
         return x
+    flat = x.reshape(-1, x.shape[-1])
     rows = max(1, max_elements // max(1, x.shape[-1]))
-    return x.reshape(-1, x.shape[-1])[:rows]
+    if rows == 1:
+        return flat[:1]
+    index = torch.linspace(0, flat.shape[0] - 1, rows, device=x.device).round().long()
+    return flat[index]
 
 
 def _measure(value: str, codec_name: str, x: torch.Tensor) -> OptionCalibration:

@@ -26,7 +26,12 @@ then break the plan's promise:
   re-plan would change nothing.
 
 Hysteresis: a value must fail on `DriftRule.patience` consecutive checks,
-so that one unusual batch does not re-plan; a pass resets its counter.
+so that one unusual batch does not re-plan; a pass resets its counter. The
+reaction is in proportion: an error `DriftRule.urgent_factor` times its
+bound or more (or not finite: an fp8 scale far past its headroom) fires at
+the first check, because the steps patience would wait train on gradients
+that far off (an fp8 saturation trained 7 steps at 58% gradient error
+before the patient re-plan).
 """
 
 from __future__ import annotations
@@ -79,6 +84,13 @@ class DriftRule:
     outlier_margin: float = 0.5
     """Outlier count threshold: max(slots, calibrated count) times
     (1 + margin), at least one channel more."""
+    urgent_factor: float = 5.0
+    """An error this many times its bound (or not finite) fires at once."""
+
+    def urgent(self, drift: "Drift") -> bool:
+        return drift.test == "error" and (
+            not math.isfinite(drift.observed) or drift.observed >= self.urgent_factor * drift.limit
+        )
 
     def outlier_limit(self, reference: ValueReference) -> int | None:
         if reference.outlier_slots is None:
@@ -129,7 +141,8 @@ class DriftDetector:
 
     def check(self, observations: list[ValueObservation]) -> list[Drift]:
         """Updates the counters with one check; returns the drifts that have
-        now failed `rule.patience` times in a row."""
+        now failed `rule.patience` times in a row, and those far enough over
+        their bound to fire at once (`DriftRule.urgent`)."""
         fired = []
         seen: set[tuple[str, str]] = set()
         for obs in observations:
@@ -140,7 +153,7 @@ class DriftDetector:
                 key = (drift.value, drift.test)
                 seen.add(key)
                 self.streak[key] = self.streak.get(key, 0) + 1
-                if self.streak[key] >= self.rule.patience:
+                if self.streak[key] >= self.rule.patience or self.rule.urgent(drift):
                     fired.append(drift)
         for key in list(self.streak):
             if key not in seen:

@@ -59,3 +59,14 @@ def test_observations_of_other_values_or_codecs_are_ignored():
 def test_churn_is_the_share_of_new_outlier_channels():
     assert obs(outliers=(7, 8, 9, 10)).churn(REF) == 0.75
     assert obs(outliers=()).churn(REF) == 0.0
+
+
+def test_an_error_far_over_its_bound_fires_at_the_first_check():
+    """In proportion: 5x the bound, or a non-finite error (an fp8 scale far
+    past its headroom), re-plans without waiting for patience."""
+    for error in (5 * REF.bound, float("inf"), float("nan")):
+        detector = DriftDetector({"x": REF}, DriftRule(patience=3))
+        fired = detector.check([obs(error=error)])
+        assert [(d.value, d.test) for d in fired] == [("x", "error")], error
+    detector = DriftDetector({"x": REF}, DriftRule(patience=3))
+    assert detector.check([obs(error=4 * REF.bound)]) == []  # over, but not far: patience applies
