@@ -38,7 +38,7 @@ def shift(model: GPT) -> None:
         model.blocks[1].ln_2.weight[SHIFTED_CHANNELS] *= 60.0
 
 
-def train(*, shift_at: int | None, steps: int = 24, backend: str = "adacc_eager", options=OPTIONS):
+def train(*, shift_at: int | None, steps: int = 24, backend: str = "adacc_eager", options=OPTIONS, perturb=None):
     torch.manual_seed(0)
     model = init_weights(GPT(CFG))
     compiled, partitioner = compile_with_reports(model, backend, options)
@@ -48,7 +48,7 @@ def train(*, shift_at: int | None, steps: int = 24, backend: str = "adacc_eager"
     losses = []
     for step in range(steps):
         if step == shift_at:
-            shift(model)
+            (perturb or shift)(model)
         loss = compiled(*batches[step % len(batches)])
         loss.backward()
         optimizer.step()
@@ -139,3 +139,21 @@ def test_requested_replan_is_dumped_logged_and_capped(tmp_path, caplog):
         compiled(*batch).backward()
     assert "adapt_max_replans=1 reached" in caplog.text
     assert graphs_of(model)[0].compiles == 2 and len(partitioner.reports) == 2
+
+
+def test_a_catastrophic_drift_re_plans_at_the_first_check():
+    """fp8 with a calibrated scale, then one layer norm's weight 1e4x: the
+    MLP input's codes saturate, the error is far over the bound, and the
+    graph re-plans at the first check after the shift (step 12), not after
+    `adapt_patience` checks (step 15, as the outlier drift above does)."""
+    options = {**OPTIONS, "accuracy": "aggressive", "codecs": ("fp8_e5m2",)}
+
+    def blow_up(model: GPT) -> None:
+        with torch.no_grad():
+            model.blocks[1].ln_2.weight.mul_(1e4)
+
+    model, _, _ = train(shift_at=10, steps=13, options=options, perturb=blow_up)
+    graph = graphs_of(model)[0]
+    assert graph.replans == 1, [(c.step, c.drifts) for c in graph.checks]
+    assert graph.versions[1].step == 12 and graph.versions[1].trigger == "drift"
+    assert any("error" in r for r in graph.versions[1].reasons), graph.versions[1].reasons
