@@ -78,11 +78,9 @@ class MemoryBudget:
             return value
         if isinstance(value, bool):
             raise ValueError("memory_budget must be bytes, a size string or a ratio, not bool")
-        if isinstance(value, int):
+        if isinstance(value, int):  # always bytes: an int never changes meaning at 1
             if value <= 0:
                 raise ValueError(f"memory_budget={value} bytes must be positive")
-            if value == 1:
-                return MemoryBudget(ratio=1.0)
             return MemoryBudget(bytes=value)
         if isinstance(value, float):
             if not 0.0 < value <= 1.0:
@@ -92,6 +90,12 @@ class MemoryBudget:
                 )
             return MemoryBudget(ratio=value)
         if isinstance(value, str):
+            if value.strip().endswith("%"):
+                try:
+                    percent = float(value.strip()[:-1])
+                except ValueError:
+                    raise ValueError(f"memory_budget={value!r} is not a percentage such as '50%'") from None
+                return MemoryBudget.parse(percent / 100.0)
             try:
                 as_float = float(value)
             except ValueError:
@@ -109,9 +113,10 @@ class AdaccConfig:
 
     memory_budget: MemoryBudget = field(default_factory=lambda: MemoryBudget(ratio=1.0))
     """The activation peak of the training step (or the whole step's peak:
-    ``budget_scope``): bytes (int), a size string such as "12GiB", or a
-    ratio in (0, 1] of what PyTorch's default partitioner holds (its
-    activation peak, and its saved bytes)."""
+    ``budget_scope``): bytes (an int, always; or a size string such as
+    "12GiB"), or a ratio of what PyTorch's default partitioner holds (its
+    activation peak, and its saved bytes): a float in (0, 1] or a
+    percentage string ("50%")."""
 
     budget_scope: str = "activations"
     """What ``memory_budget`` bounds: "activations" (the step's activation

@@ -21,8 +21,11 @@ def test_parse_bytes(text, expected):
     [
         (0.4, MemoryBudget(ratio=0.4)),
         (1.0, MemoryBudget(ratio=1.0)),
-        (1, MemoryBudget(ratio=1.0)),
+        (1, MemoryBudget(bytes=1)),  # an int is always bytes
+        (2, MemoryBudget(bytes=2)),
         (2**30, MemoryBudget(bytes=2**30)),
+        ("50%", MemoryBudget(ratio=0.5)),
+        ("100%", MemoryBudget(ratio=1.0)),
         ("12GiB", MemoryBudget(bytes=12 * 2**30)),
         ("0.25", MemoryBudget(ratio=0.25)),
     ],
@@ -31,7 +34,7 @@ def test_memory_budget_forms(value, expected):
     assert AdaccConfig.from_options({"memory_budget": value}).memory_budget == expected
 
 
-@pytest.mark.parametrize("value", [0.0, 1.5, -3, "12 parsecs", True, [1]])
+@pytest.mark.parametrize("value", [0.0, 1.5, -3, "12 parsecs", True, [1], "150%", "x%"])
 def test_bad_budget_is_a_value_error(value):
     with pytest.raises(ValueError, match="memory_budget|unit"):
         AdaccConfig.from_options({"memory_budget": value})
