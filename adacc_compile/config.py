@@ -332,6 +332,9 @@ class AdaccConfig:
         _choice("on_infeasible", self.on_infeasible, ON_INFEASIBLE)
         _choice("budget_scope", self.budget_scope, BUDGET_SCOPES)
         _choice("accuracy", self.accuracy, ACCURACY_MODES)
+        from adacc_compile.passes.device_profile import BUILTIN_PROFILES
+
+        _choice("device_profile", self.device_profile.lower(), (*BUILTIN_PROFILES, "cpu", "calibrate", "auto"))
         from adacc_compile.passes.comm_model import LINK_CHOICES
 
         _choice("comm_profile", self.comm_profile.lower(), LINK_CHOICES)
