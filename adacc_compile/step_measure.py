@@ -23,6 +23,7 @@ call is tried instead.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -106,6 +107,7 @@ class StepPeakProbe:
             self._base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
+            gc.collect()  # earlier work's garbage freed inside the window would count (`measure`)
             self._profiler = _start_profiler()
 
     def forward_done(self) -> None:

@@ -82,15 +82,21 @@ def keep_all_policy(problem: PlanProblem, options: SolverOptions) -> PlanSolutio
 def recompute_all_policy(problem: PlanProblem, options: SolverOptions) -> PlanSolution:
     """Recompute every value that may legally be recomputed (full activation
     checkpointing at op granularity); keep only what cannot be recomputed."""
+    return _recomputing_the_rest(problem, {}, solver="recompute_all")
+
+
+def _recomputing_the_rest(problem: PlanProblem, kept: dict[str, Choice], *, solver: str) -> PlanSolution:
+    """``kept`` plus, for every value the backward reads, a recomputation
+    from what is available (kept where it cannot be recomputed)."""
     by_name = problem.by_name()
-    state: dict[str, Choice] = {}
+    state = dict(kept)
     try:
         for cand in problem.candidates:
             if cand.required:
                 _make_available(cand.name, by_name, state, prefer_keep=False)
     except _Stuck as stuck:
-        return PlanSolution(choices={}, status="infeasible", solver="recompute_all", notes=(str(stuck),))
-    return PlanSolution(choices=state, status="heuristic", solver="recompute_all")
+        return PlanSolution(choices={}, status="infeasible", solver=solver, notes=(str(stuck),))
+    return PlanSolution(choices=state, status="heuristic", solver=solver)
 
 
 def full_ac_policy(problem: PlanProblem, options: SolverOptions) -> PlanSolution:
@@ -100,25 +106,20 @@ def full_ac_policy(problem: PlanProblem, options: SolverOptions) -> PlanSolution
     it (its output, the next block's input) and recomputes in its backward
     everything else that backward reads; values outside the blocks (the
     embedding, the head, the loss) are kept where the backward reads them.
-    Two uses: a lowest-peak plan beside recomputing everything (whose
-    chains reach back through every earlier block), and the baseline a test
-    prices against full AC's measured step. A graph without blocks (a loss
-    after a graph break) keeps what its backward reads."""
+    The baseline `tests/e2e/test_full_ac_plan.py` prices against full AC's
+    measured step, and a planner of its own (``planner="full_ac"``). A graph
+    without blocks (a loss after a graph break) keeps what its backward
+    reads."""
     by_name = problem.by_name()
     read_across = {
         i for c in problem.candidates for i in c.inputs if i in by_name and by_name[i].block != c.block
     }
-    state: dict[str, Choice] = {}
-    for cand in problem.candidates:
-        if cand.can_keep and ((not cand.block and cand.required) or (cand.block and cand.name in read_across)):
-            state[cand.name] = Choice(decision=Decision.KEEP)
-    try:
-        for cand in problem.candidates:
-            if cand.required:
-                _make_available(cand.name, by_name, state, prefer_keep=False)
-    except _Stuck as stuck:
-        return PlanSolution(choices={}, status="infeasible", solver="full_ac", notes=(str(stuck),))
-    return PlanSolution(choices=state, status="heuristic", solver="full_ac")
+    kept = {
+        cand.name: Choice(decision=Decision.KEEP)
+        for cand in problem.candidates
+        if cand.can_keep and ((not cand.block and cand.required) or (cand.block and cand.name in read_across))
+    }
+    return _recomputing_the_rest(problem, kept, solver="full_ac")
 
 
 POLICIES: dict[str, Policy] = {
