@@ -12,7 +12,7 @@ the reference gradients; printed: the relative error of the whole gradient
 and of the worst parameter, the attention's mean max probability at the
 start and at the sharpening, the re-plans, and the plan's codecs.
 ``--without-lossy-use-rule`` empties `passes.lossy_uses`' rules (what ran
-before them).
+before them). `tests/e2e/test_sharp_attention.py` runs a short `run`.
 """
 
 from __future__ import annotations
@@ -20,55 +20,55 @@ from __future__ import annotations
 import argparse
 import copy
 import warnings
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 import adacc_compile  # noqa: F401  (first: drops the repo root, whose kernels/ shadows Hugging Face's)
 
+CONFIG = dict(vocab_size=256, n_embd=128, n_layer=2, n_head=4, n_positions=64, use_cache=False,
+              resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--sharpen-at", type=int, default=12)
-    parser.add_argument("--scale", type=float, default=30.0)
-    parser.add_argument("--backend", default="adacc_eager")
-    parser.add_argument("--without-lossy-use-rule", action="store_true")
-    args = parser.parse_args()
+
+@dataclass
+class SharpRun:
+    errors: list[float] = field(default_factory=list)
+    """Relative error of the whole gradient, per step."""
+    sharpness: dict[int, list[float]] = field(default_factory=dict)
+    """Step -> the attention's mean max probability per layer."""
+    model: torch.nn.Module | None = None
+
+
+def run(*, steps: int, sharpen_at: int, scale: float = 30.0, backend: str = "adacc_eager",
+        adapt_every: int = 4, report: Callable[[str], None] = lambda line: None) -> SharpRun:
     import transformers
 
-    from adacc_compile.adaptation import graphs_of
-    from adacc_compile.plan_records import plans
-
-    if args.without_lossy_use_rule:
-        from adacc_compile.passes import lossy_uses
-
-        lossy_uses._BY_OP = {}
-    config = dict(vocab_size=256, n_embd=128, n_layer=2, n_head=4, n_positions=64, use_cache=False,
-                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config)).train()
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**CONFIG)).train()
     reference = copy.deepcopy(model)
     options = {"memory_budget": 0.3, "accuracy": "balanced", "allow_recompute": False, "adapt": True,
-               "adapt_every": 4, "device_profile": "h100"}
-    compiled = torch.compile(model, backend=args.backend, options=options)
+               "adapt_every": adapt_every, "device_profile": "h100"}
+    compiled = torch.compile(model, backend=backend, options=options)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     generator = torch.Generator().manual_seed(0)
+    result = SharpRun(model=model)
 
     def sharpness(ids):
-        eager = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config, attn_implementation="eager"))
+        eager = transformers.GPT2LMHeadModel(transformers.GPT2Config(**CONFIG, attn_implementation="eager"))
         eager.load_state_dict(model.state_dict())
         with torch.no_grad():
             return [round(a.max(-1).values.mean().item(), 3) for a in eager(input_ids=ids, output_attentions=True).attentions]
 
-    worst = 0.0
-    for step in range(args.steps):
-        if step == args.sharpen_at:
+    for step in range(steps):
+        if step == sharpen_at:
             with torch.no_grad():
                 for block in model.transformer.h:
-                    block.attn.c_attn.weight[:, : 2 * config["n_embd"]] *= args.scale
-        ids = torch.randint(0, 256, (4, 64), generator=generator)
-        if step in (0, args.sharpen_at):
-            print(f"step {step}: attention mean max probability per layer {sharpness(ids)}")
+                    block.attn.c_attn.weight[:, : 2 * CONFIG["n_embd"]] *= scale
+        ids = torch.randint(0, CONFIG["vocab_size"], (4, 64), generator=generator)
+        if step in (0, sharpen_at):
+            result.sharpness[step] = sharpness(ids)
+            report(f"step {step}: attention mean max probability per layer {result.sharpness[step]}")
         reference.load_state_dict(model.state_dict())
         model.zero_grad(set_to_none=True)
         reference.zero_grad(set_to_none=True)
@@ -83,15 +83,34 @@ def main() -> None:
         }
         ours = torch.cat([p.grad.flatten() for p in model.parameters()])
         theirs = torch.cat([q.grad.flatten() for q in reference.parameters()])
-        total = ((ours - theirs).norm() / theirs.norm()).item()
-        worst = max(worst, total)
+        result.errors.append(((ours - theirs).norm() / theirs.norm()).item())
         name = max(errors, key=errors.get)
-        print(f"step {step}: gradient error {total:.4f}, worst parameter {name} {errors[name]:.4f}", flush=True)
+        report(f"step {step}: gradient error {result.errors[-1]:.4f}, worst parameter {name} {errors[name]:.4f}")
         optimizer.step()
-    print(f"worst gradient error {worst:.4f}")
-    for graph in graphs_of(model):
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--sharpen-at", type=int, default=12)
+    parser.add_argument("--scale", type=float, default=30.0)
+    parser.add_argument("--backend", default="adacc_eager")
+    parser.add_argument("--without-lossy-use-rule", action="store_true")
+    args = parser.parse_args()
+    from adacc_compile.adaptation import graphs_of
+    from adacc_compile.plan_records import plans
+
+    if args.without_lossy_use_rule:
+        from adacc_compile.passes import lossy_uses
+
+        lossy_uses._BY_OP = {}
+    result = run(steps=args.steps, sharpen_at=args.sharpen_at, scale=args.scale, backend=args.backend,
+                 report=lambda line: print(line, flush=True))
+    print(f"worst gradient error {max(result.errors):.4f}")
+    for graph in graphs_of(result.model):
         print(f"re-plans {graph.replans}: {[(c.step, c.drifts) for c in graph.checks if c.drifts]}")
-    for plan in plans(model):
+    for plan in plans(result.model):
         print(f"codecs {plan.codecs}, decisions {plan.decisions}")
 
 
