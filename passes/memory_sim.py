@@ -61,6 +61,7 @@ from .fusion import (
     Realization, absorbs_producer, copies_its_input, is_pointwise, kernel_group_ends, materialised, tensor_value,
 )
 from .op_class import is_view_op, op_name
+from .tangents import charged_tangents
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,8 +206,9 @@ def simulate_step(
         if not any(any(storage is x for x in v) for v in preset.values()):
             state.free(storage)  # saved but never read: freed at once
     state.live += backward_extra_bytes
+    allocated_tangents = set(charged_tangents(n for n in bw_inputs if is_tangent(n)))
     for node in bw_inputs:  # the tangents, gradients of the forward's outputs: to their last reader
-        if is_tangent(node) and node not in preset and (nbytes := _nbytes(node.meta.get("val"))):
+        if node in allocated_tangents and node not in preset and (nbytes := _nbytes(node.meta.get("val"))):
             preset[node] = [_Storage(nbytes=nbytes, donatable=False)]
             state.alloc(preset[node][0])
     _run_graph(
