@@ -27,6 +27,7 @@ from adacc_compile.passes.compress_rewrite import replaced_ops
 from adacc_compile.passes.device_profile import profile_by_name
 from adacc_compile.passes.fusion import PLACED, Realization, mark_placed
 from adacc_compile.pipeline import run_pipeline
+from adacc_compile.report import write_summary
 from adacc_compile.step_measure import Correction
 from adacc_compile.step_ledger import LEDGER, Holding, StepBudgetGraph, ask_earlier_graphs_for_room, tracked
 from adacc_compile.state import PartitionState
@@ -107,6 +108,10 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         Inductor's caches never serve the plan being replaced."""
         self.start_plan: dict[str, Any] | None = None
         """Set while re-planning: the plan being replaced, the MILP's start."""
+        self.latest: dict[int, dict[str, Any]] = {}
+        """Per graph index (the step ledger's), the report of its current
+        plan (the summary's own ``graph_index`` is its dump folder's
+        number when dumps are written)."""
         self.corrections: dict[int, int] = {}
         """Per graph index, how far its measured first step peaked above its
         plan's prediction, where that buys a re-plan (`step_measure`)."""
@@ -124,7 +129,11 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         # included (besides `uuid()`): only the config may go into that pickle,
         # not the reports (timings) or the batch held for calibration, or no
         # key would ever repeat; nor where the dumps go (see `uuid`).
-        return (AdaccPartitioner, (dataclasses.replace(self.config, dump_dir=None),))
+        return (AdaccPartitioner, (self._code_config(),))
+
+    def _code_config(self) -> AdaccConfig:
+        """The config less what changes no generated code (where dumps go)."""
+        return dataclasses.replace(self.config, dump_dir=None)
 
     def __call__(
         self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
@@ -213,6 +222,7 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
             )
         if len(self.reports) == planned:  # no backward: nothing held
             return compiled, False
+        self.latest[graph_index] = self.reports[-1]
         summary = self.reports[-1]["summary"]
         plan_records.record(self, example_inputs, summary)
         holding = Holding(self.graph_index, summary["planned_saved_bytes"], summary["default_saved_bytes"])
@@ -239,9 +249,12 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         ``peak_bytes``: recorded in its summary (and `plans`); returns
         whether its plan is to be made again with the model's cap moved by
         the difference from the prediction (`step_measure.Correction`)."""
-        summary = next(r["summary"] for r in reversed(self.reports) if r["summary"]["graph_index"] == graph_index)
+        report = self.latest[graph_index]
+        summary = report["summary"]
         summary["measured_step_peak_bytes"] = peak_bytes
-        plan_records.refresh(self, graph_index, summary)
+        plan_records.refresh(self, summary["graph_index"], summary)
+        if report.get("dump_folder"):
+            write_summary(report["dump_folder"], summary, self.config.to_json())
         correction = Correction(
             measured_bytes=peak_bytes, predicted_bytes=summary["predicted_peak_bytes"],
             budget_bytes=summary["requested_budget_bytes"],
@@ -284,5 +297,5 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         the dumps go changes no code, and a run that writes them elsewhere
         still hits the cache."""
         profile = profile_by_name(self.config.device_profile)
-        options = dataclasses.replace(self.config, dump_dir=None).to_json()
+        options = self._code_config().to_json()
         return hashlib.sha256((options + _source_digest() + profile.digest() + self.revision).encode()).hexdigest()

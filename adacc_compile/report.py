@@ -431,7 +431,7 @@ def publish(state: "PartitionState") -> None:
         state.graph_index = int(folder.rsplit("_", 1)[1])
     summary = summarize(state)
     records = plan_records(state)
-    state.report = {"summary": summary, "plan": records}
+    state.report = {"summary": summary, "plan": records, "dump_folder": folder}
     compat.log_json_artifact("adacc_summary", summary)
     compat.log_json_artifact("adacc_plan", records)
     log.info(summary_line(summary))
@@ -489,8 +489,13 @@ def write_dumps(
     _write(folder, "memory_timeline.json", json.dumps(state.timeline.to_json()))
     _write(folder, "windows.json", json.dumps(_overlap_dump(state), indent=1))
     _plot_timeline(state, os.path.join(folder, "memory_timeline.png"))
-    config = json.loads(state.config.to_json())
-    _write(folder, "summary.json", json.dumps({**summary, "config": config}, indent=1, default=str))
+    write_summary(folder, summary, state.config.to_json())
+
+
+def write_summary(folder: str, summary: dict[str, Any], config_json: str) -> None:
+    """``summary.json``: the summary with the config it was planned under
+    (written again when a measured step adds to it, `step_measure`)."""
+    _write(folder, "summary.json", json.dumps({**summary, "config": json.loads(config_json)}, indent=1, default=str))
 
 
 def _write(folder: str, name: str, text: str) -> None:

@@ -150,3 +150,22 @@ def test_a_step_under_the_callers_profiler_is_not_measured_and_profiling_after_t
 def test_when_a_correction_is_wanted(measured, predicted, clamped, wanted):
     correction = Correction(measured_bytes=measured, predicted_bytes=predicted, budget_bytes=100)
     assert correction.wanted(clamped=clamped) is wanted
+
+
+def test_the_measured_peak_is_written_to_the_dumped_summary_whatever_the_folder_number(tmp_path):
+    """The dump folder's number is not the step ledger's graph index (a
+    folder from an earlier run is there already): the measured peak still
+    reaches this graph's summary.json and its record."""
+    import json
+
+    (tmp_path / "graph_000").mkdir()
+    model, batch = _gpt()
+    compiled, partitioner = compile_with_reports(
+        model, "adacc_eager",
+        {"memory_budget": 0.6, "budget_scope": "step", "codecs": (), "device_profile": "h100", "dump_dir": str(tmp_path)},
+    )
+    compiled(*batch).backward()
+    dumped = json.loads((tmp_path / "graph_001" / "summary.json").read_text())
+    assert dumped["measured_step_peak_bytes"] == partitioner.reports[0]["summary"]["measured_step_peak_bytes"] > 0
+    (record,) = adacc_compile.plans(model)
+    assert record.measured_peak_bytes == dumped["measured_step_peak_bytes"]
