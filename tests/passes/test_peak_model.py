@@ -350,3 +350,37 @@ def test_a_step_budgets_gradients_are_in_the_model_and_the_simulation(seed):
         solution = solve_milp(dataclasses.replace(problem, budget_bytes=budget), SolverOptions(mip_rel_gap=0.0))
         assert solution.status == "optimal", budget
         assert peak_model.simulate(problem, solution).peak_bytes <= modelled(problem, solution) <= budget
+
+
+def test_maximal_overlaps_cover_every_point():
+    intervals = [(0, 1), (1, 2), (2, 3), (5, 5)]
+    assert peak_model.maximal_overlaps(intervals) == [[0, 1], [1, 2], [3]]
+    assert peak_model.maximal_overlaps([(0, 9), (2, 3), (4, 5)]) == [[0, 1], [0, 2]]
+
+
+def test_an_intermediate_of_a_recomputation_is_freed_within_it():
+    """A chain v0 -> v1 -> v2 -> v3, v3 read at the backward's one position,
+    all recomputed there: v0..v2 are only inputs of that recomputation, run
+    in forward order, each freed after its reader, so at most two of them
+    live at once (v1 + v2), beside v3; the rows stay an upper bound."""
+    sizes = (10, 20, 30, 40)
+    cands = tuple(
+        Candidate(
+            name=f"v{i}", keep_bytes=nbytes, recompute_seconds=1e-6, inputs=(f"v{i - 1}",) if i else (),
+            required=i == 3, lifetime=Lifetime(
+                produced=i, forward_last_use=min(i + 1, 3), forward_always=True, forward_bytes=nbytes,
+                backward_bytes=nbytes, reads=(0,) if i == 3 else (),
+            ),
+        )
+        for i, nbytes in enumerate(sizes)
+    )
+    layout = StepLayout(
+        forward_positions=4, backward_positions=1, forward_base=(0,) * 4, forward_layers=("",) * 4, backward_layers=("",)
+    )
+    problem = PlanProblem(candidates=cands, layout=layout)
+    problem = dataclasses.replace(problem, memory=peak_model.build_memory_model(problem))
+    plan = PlanSolution(choices={c.name: Choice(decision=Decision.RECOMPUTE) for c in cands}, solver="test", status="optimal")
+    assert check_solution(problem, plan) == []
+    simulated = peak_model.simulate(problem, plan)
+    assert simulated.backward_peak_bytes == 20 + 30 + 40
+    assert modelled(problem, plan) >= simulated.peak_bytes
