@@ -35,7 +35,6 @@ from .annotate import annotation, tensor_bytes
 from .fusion import Realization, materialised
 from .op_class import is_view_op
 from .plan_problem import Lifetime, StepLayout
-from .tangents import charged_tangents
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +217,7 @@ def step_layout(
         forward_base=tuple(base),
         forward_layers=layers_fw,
         backward_layers=layers_bw,
-        backward_base=backward_base(orders, mode, charged_tangents(tangents(gm))) if with_backward_base else (),
+        backward_base=backward_base(orders, mode, tangents(gm)) if with_backward_base else (),
     )
 
 

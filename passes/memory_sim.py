@@ -5,17 +5,20 @@ order, allocating each node's new output storage and freeing a storage when
 the last node that reads any alias of it has run (graph outputs excepted).
 Saved tensors stay alive from the forward into the backward until their last
 backward use; gradients stay alive to the end of the step. Views and
-``getitem`` share their base's storage. Graph inputs (parameters, data,
-tangents) exist before the step and are not counted.
+``getitem`` share their base's storage. Graph inputs (parameters, data)
+exist before the step and are not counted; the tangents are allocated at
+the backward's start and count to their last reader (`tangents`).
 
 Activation memory is what the forward allocates (its temporaries while
 they live, the values it saves until their last backward use) and what the
 backward makes from it: values recomputed inside the backward and
 decompressed values (tagged `compress_rewrite.DECOMPRESSED`), each until its
-last use. Graph inputs are not (parameters, data and tangents exist before
-the step), except those listed in ``charged_inputs``, activations an earlier
+last use. Graph inputs are not (parameters and data exist before the
+step), except those listed in ``charged_inputs``, activations an earlier
 graph handed over, which count from the boundary while the backward holds
-them; the forward's user outputs count until the boundary.
+them; the forward's user outputs count until the boundary, and beyond it
+where the caller keeps them (all but the ones `tangents.dropped_outputs`
+names).
 
 With ``mode=Realization.INDUCTOR`` a pointwise value fused into all its
 consumers allocates nothing (`fusion`), as in Inductor's generated code,
@@ -61,7 +64,7 @@ from .fusion import (
     Realization, absorbs_producer, copies_its_input, is_pointwise, kernel_group_ends, materialised, tensor_value,
 )
 from .op_class import is_view_op, op_name
-from .tangents import charged_tangents
+from .tangents import dropped_outputs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -170,12 +173,19 @@ def simulate_step(
         workspaces=workspaces, mode=mode,
     )
     state.live -= forward_extra_bytes  # a kept input among them is charged below
-    for out in fw_outputs[:num_fwd_outputs]:  # handed to the caller at the boundary
+    user_outputs = fw_outputs[:num_fwd_outputs]
+    handed: dict[int, _Storage] = {}
+    for out in user_outputs:  # handed to the caller at the boundary
         for storage in _real(fw_storages.get(out, ())) if out is not None else ():
             storage.donatable = False
             if storage.activation:
                 storage.activation = False
                 state.activation -= storage.nbytes
+                handed[id(storage)] = storage
+    # Beside a scalar loss the caller keeps only the loss (`tangents`).
+    drop = dropped_outputs(user_outputs)
+    dropped = {id(s): s for out in drop for s in _real(fw_storages.get(out, ())) if id(s) in handed}
+    kept = {id(s) for out in user_outputs if out is not None and out not in drop for s in _real(fw_storages.get(out, ()))}
     saved_storages: dict[int, _Storage] = {}
     saved_by_node: dict[str, int] = {}
     for out in saved_outputs:
@@ -205,10 +215,12 @@ def simulate_step(
     for storage in saved_storages.values():
         if not any(any(storage is x for x in v) for v in preset.values()):
             state.free(storage)  # saved but never read: freed at once
+    for key, storage in dropped.items():
+        if key not in saved_storages and key not in kept:
+            state.free(storage)
     state.live += backward_extra_bytes
-    allocated_tangents = set(charged_tangents(n for n in bw_inputs if is_tangent(n)))
     for node in bw_inputs:  # the tangents, gradients of the forward's outputs: to their last reader
-        if node in allocated_tangents and node not in preset and (nbytes := _nbytes(node.meta.get("val"))):
+        if is_tangent(node) and node not in preset and (nbytes := _nbytes(node.meta.get("val"))):
             preset[node] = [_Storage(nbytes=nbytes, donatable=False)]
             state.alloc(preset[node][0])
     _run_graph(

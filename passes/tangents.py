@@ -1,18 +1,30 @@
-"""Which of the backward's tangents (the gradients of the forward's
-outputs) the step really allocates.
+"""What the caller keeps of the forward's outputs during the backward, and
+which of their gradients (the backward's tangents) the step allocates.
 
 Why: a Hugging Face model trained with ``labels=`` returns its loss and its
-logits; ``loss.backward()`` gives the loss a scalar gradient and the logits
-none, and AOTAutograd's backward then allocates nothing for the logits'
-tangent (measured: an HF Llama's step under full AC's plan peaked 526,336
-bytes, one logits buffer, under the simulation that charged it; at vocab
-32k, seq 4096, batch 8 in bf16 that buffer is 2 GiB). So where a graph
-returns a scalar loss, the gradients of its other outputs are taken as
-never materialised. A graph with no scalar output (a body before a graph
-break, logits whose loss is taken outside) keeps every tangent charged:
-its outputs' gradients come from code adacc does not see. Where that guess
-is wrong (a second loss term on an output beside the scalar one), a step
-budget's measured first step corrects the plan (`adacc_compile.step_measure`).
+logits. Measured on an HF Llama's step (allocator trace per aten op, full
+AC's plan, vocab 512):
+
+* ``loss.backward()`` gives the loss a scalar gradient and the logits none,
+  and autograd materialises zeros for the logits' gradient: the tangent is
+  a dense logits-sized buffer from the backward's start to its last reader
+  (the ``add`` that sums it into the logits' gradient). So every tangent is
+  charged.
+* A training loop keeps the loss, not the logits (Hugging Face's Trainer
+  returns the loss from ``compute_loss``; torchtitan deletes ``pred``
+  before the backward): beside a scalar loss, the other outputs are
+  dropped at the boundary. The simulation once held them through the
+  backward and left their tangent out, which cancelled up to the tangent's
+  last reader and over-counted one logits buffer after it (526,332 bytes
+  over the measured peak of full AC's plan, whose peak lies in a block's
+  backward). A graph with no scalar output (a body before a graph break,
+  logits whose loss is taken outside) hands its outputs to code adacc does
+  not see, and they stay held.
+
+A caller that keeps the logits through the backward (``out =
+model(...)``; ``out.loss.backward()``) holds one logits buffer more than
+this predicts; under a step budget the measured first step corrects the
+plan (`adacc_compile.step_measure`).
 """
 
 from __future__ import annotations
@@ -28,9 +40,10 @@ def _scalar(node: fx.Node) -> bool:
     return isinstance(val, torch.Tensor) and val.dim() == 0 and val.is_floating_point()
 
 
-def charged_tangents(tangents: Iterable[fx.Node]) -> list[fx.Node]:
-    """The tangents the step allocates: all of them, or, beside a scalar
-    loss's tangent, that one alone."""
-    tangents = list(tangents)
-    scalars = [t for t in tangents if _scalar(t)]
-    return scalars if scalars else tangents
+def dropped_outputs(outputs: Iterable[fx.Node | None]) -> list[fx.Node]:
+    """The forward's user outputs the caller drops at the boundary: beside
+    a scalar loss, every other output; without one, none."""
+    outputs = [o for o in outputs if isinstance(o, fx.Node)]
+    if not any(_scalar(o) for o in outputs):
+        return []
+    return [o for o in outputs if not _scalar(o)]
