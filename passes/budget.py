@@ -53,7 +53,9 @@ class BudgetResolution:
     fastest_peak_bytes: int
     minimum_bytes: int | None
     """The lowest modelled activation peak any legal plan reaches (computed
-    only where the budget could not be met: it is the costliest solve)."""
+    only where the budget could not be met: it is the costliest solve), or
+    the simulated peak of full checkpointing's plan where that holds less
+    (`plan_search._full_ac_if_lower`)."""
     held_by_earlier_graphs: int = 0
     clamped: bool = False
     scope: str = "activations"

@@ -109,8 +109,10 @@ class PlanOutcome:
     simulated: SimulatedPeak
     """The plain-problem simulation of the chosen plan."""
     source: str
-    """"planner", "default" (PyTorch's choice was cheaper and fits) or
-    "minimum" (nothing fit the budget; the lowest-peak plan)."""
+    """"planner", "default" (PyTorch's choice was cheaper and fits),
+    "minimum" (nothing fit the budget; the lowest-peak plan) or "full_ac"
+    (the budget was out of the MILP plans' reach, and full checkpointing's
+    plan holds less: `_full_ac_if_lower`)."""
     budget: BudgetResolution
     """The budget the plan was made for (clamped where nothing fit)."""
     resolves: int = 0
@@ -257,8 +259,47 @@ def _fit_simulated_peak(
         best = min(fitting, key=lambda o: added_seconds(candidates.problem, o.solution))
     else:
         best = min(tried, key=lambda o: budget.peak_of(o.timeline))
+    if not fitting or budget.clamped:  # the requested budget is out of the MILP plans' reach
+        full_ac = _full_ac_if_lower(context, candidates, best, options)
+        if full_ac is not None:
+            tried.append(full_ac)
+            best = full_ac
     notes = tuple(dict.fromkeys(n for o in tried for n in o.notes))
     return _over_budget(dataclasses.replace(best, resolves=resolves, notes=notes), search)
+
+
+def _full_ac_if_lower(
+    context: SplitContext, candidates: CandidateSet, best: PlanOutcome, options: SolverOptions
+) -> PlanOutcome | None:
+    """Full checkpointing's plan (`policies.full_ac_policy`), split and
+    simulated, where the requested budget is out of the MILP's plans'
+    reach and the plan simulator puts full AC's plan below ``best``, the
+    lowest of them; None otherwise (or where its split graphs hold no
+    less).
+
+    The MILP's rows over-count a block recomputed in one burst (every
+    input of a value recomputed early stays counted to that value's first
+    read: 1.32x full AC's split graphs on a 4-layer Llama), so its lowest
+    plan can hold more than full AC's (HF Llama with ``labels=``, 4
+    layers: 1.05x). One split, only where the budget was out of reach."""
+    problem = candidates.problem
+    plan = get_policy("full_ac")(problem, options)
+    unbudgeted = dataclasses.replace(problem, budget_bytes=None, boundary_budget_bytes=None)
+    if check_solution(unbudgeted, plan) or simulate(problem, plan).peak_bytes >= best.simulated.peak_bytes:
+        return None
+    budget = best.budget
+    outcome = _split(context, candidates, plan, "full_ac", budget, best.notes)
+    peak = budget.peak_of(outcome.timeline)
+    if peak >= budget.peak_of(best.timeline):
+        return None
+    note = (
+        f"the budget is out of the MILP plans' reach (the lowest simulated at {budget.peak_of(best.timeline)} "
+        f"bytes); full checkpointing's plan holds {peak} bytes, and is used"
+    )
+    log.info("adacc: %s", note)
+    if budget.clamped:  # the reachable minimum is what this plan holds
+        budget = dataclasses.replace(budget, budget_bytes=peak, minimum_bytes=peak)
+    return dataclasses.replace(outcome, budget=budget, notes=(*best.notes, note))
 
 
 def _no_cap_left(bracket: _CapBracket, clamped: bool) -> str:
