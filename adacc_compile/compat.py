@@ -549,6 +549,45 @@ def allocator_totals(prof: Any) -> list[int]:
     return [total - base for _time, total, _size in events]
 
 
+def allocator_levels_by_op(prof: Any) -> list[tuple[str, int]]:
+    """For each top-level aten op a ``torch.profiler.profile(profile_memory=True)``
+    run recorded, in time order: its name and the most bytes allocated
+    (above the level at profiling start, as `allocator_totals`) while it
+    ran, frees since the op before it included. An eager graph runs one op
+    per node, so this lines up with a simulated timeline node by node
+    (``bench/bench_step_timeline.py``)."""
+    from torch._C._profiler import _EventType
+
+    allocations: list[tuple[int, int, int]] = []
+    ops: list[Any] = []
+    stack = [(node, False) for node in prof.profiler.kineto_results.experimental_event_tree()]
+    while stack:
+        node, inside_op = stack.pop()
+        if node.tag == _EventType.Allocation:
+            fields = node.extra_fields
+            allocations.append((node.start_time_ns, fields.total_allocated, fields.alloc_size))
+        elif node.tag == _EventType.TorchOp and not inside_op and node.name.startswith("aten::"):
+            ops.append(node)
+            inside_op = True
+        stack.extend((child, inside_op) for child in node.children)
+    if not allocations:
+        return [(op.name, 0) for op in sorted(ops, key=lambda o: o.start_time_ns)]
+    allocations.sort()
+    base = allocations[0][1] - allocations[0][2]
+    levels, level, i = [], 0, 0
+    for op in sorted(ops, key=lambda o: o.start_time_ns):
+        while i < len(allocations) and allocations[i][0] < op.start_time_ns:
+            level = allocations[i][1] - base
+            i += 1
+        most = level
+        while i < len(allocations) and allocations[i][0] <= op.end_time_ns:
+            level = allocations[i][1] - base
+            most = max(most, level)
+            i += 1
+        levels.append((op.name, most))
+    return levels
+
+
 def record_cuda_memory_history(enabled: bool, max_entries: int = 200_000) -> None:
     """Starts (or stops) recording every CUDA allocation and free with its
     Python stack (``torch.cuda.memory._record_memory_history``): an
