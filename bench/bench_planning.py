@@ -126,6 +126,7 @@ def plan(captured: CapturedJoint, options: dict[str, Any], *, eager: bool) -> di
         "block_reuse": summary["block_reuse"],
         "solver_status": summary["solver_status"],
         "replans": summary["replans"],
+        "plan_source": summary["plan_source"],
         "fits_budget": summary["fits_budget"],
         "budget_clamped_to_minimum": summary["budget_clamped_to_minimum"],
         "budget_bytes": summary["budget_bytes"],
