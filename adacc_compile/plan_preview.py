@@ -75,6 +75,9 @@ class Traced:
     seq: int
     parameter_bytes: int
     trace_seconds: float
+    block_parameter_bytes: int = 0
+    """The largest block's parameter bytes (FSDP unshards a block at a
+    time: `job_memory`)."""
     fold_copies: int = 0
     """Depth folding: blocks the model has beyond the traced ones (0: the
     whole model was traced)."""
@@ -174,20 +177,27 @@ def trace(
             f"{source.label}: Dynamo's first graph does not end in the loss (a graph break before it); "
             "adacc plan needs the step as one graph (TORCH_LOGS=graph_breaks shows where it breaks)"
         )
+    per_block = _block_parameter_bytes(model)
     if copies:
-        parameter_bytes = _deep_parameter_bytes(model, parameter_bytes, copies)
+        parameter_bytes = _deep_parameter_bytes(per_block, parameter_bytes, copies)
     return Traced(joint=joint, batch=batch, seq=seq, parameter_bytes=parameter_bytes,
-                  trace_seconds=time.perf_counter() - start, fold_copies=copies)
+                  trace_seconds=time.perf_counter() - start, fold_copies=copies,
+                  block_parameter_bytes=max(per_block.values(), default=0))
 
 
-def _deep_parameter_bytes(model: torch.nn.Module, traced_bytes: int, copies: int) -> int:
-    """The deep model's parameter bytes: the traced ones plus ``copies``
-    times those of one block (the middle block of the traced stack)."""
+def _block_parameter_bytes(model: torch.nn.Module) -> dict[str, int]:
+    """Parameter bytes of each block (a module path ending in an index)."""
     per_block: dict[str, int] = {}
     for name, p in model.named_parameters():
         match = re.search(r"^(.*?\.\d+)\.", name)
         if match:
             per_block[match.group(1)] = per_block.get(match.group(1), 0) + p.numel() * p.element_size()
+    return per_block
+
+
+def _deep_parameter_bytes(per_block: dict[str, int], traced_bytes: int, copies: int) -> int:
+    """The deep model's parameter bytes: the traced ones plus ``copies``
+    times those of one block (the middle block of the traced stack)."""
     blocks = sorted(per_block)
     return traced_bytes + copies * (per_block[blocks[len(blocks) // 2]] if blocks else 0)
 

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from adacc_compile.batch_search import BatchSearch
+from adacc_compile.job_memory import JobMemory, TrainingSetup, profile_of
 from adacc_compile.model_source import ModelSource
 from adacc_compile.passes.device_profile import BUILTIN_PROFILES
 from adacc_compile.plan_preview import Preview, Strategy
@@ -39,8 +40,8 @@ def report_text(*, source: ModelSource, args: argparse.Namespace, result: Previe
     lines = [
         f"adacc plan: {source.description}",
         f"  batch {traced.batch} x seq {traced.seq}, {args.dtype}, parameters {gib(traced.parameter_bytes)}, "
-        f"GPU profile {args.gpu} ({BUILTIN_PROFILES[args.gpu].name}), accuracy {args.accuracy}",
-        f"  budget ({_scope_label(scope)}): {gib(budget)}" + (f" (--budget {args.budget})" if not args.budget[-1:].isalpha() else ""),
+        f"GPU profile {profile_of(args.gpu)} ({BUILTIN_PROFILES[profile_of(args.gpu)].name}), accuracy {args.accuracy}",
+        f"  budget ({_scope_label(scope)}): {gib(budget)}" + _budget_origin(args.budget),
         f"  traced in {traced.trace_seconds:.1f} s ({len(traced.joint.gm.graph.nodes)} joint-graph nodes), "
         f"planned in {result.plan_seconds:.1f} s (MILP {s['solve_seconds']:.2f} s, {s['solver_status']}), "
         f"strategies simulated in {result.compare_seconds:.1f} s",
@@ -60,6 +61,56 @@ def report_text(*, source: ModelSource, args: argparse.Namespace, result: Previe
     lines += ["", strategy_table(result.strategies, budget, traced.parameter_bytes, scope)]
     lines += ["", *verdict(result, search, budget)]
     return "\n".join(lines)
+
+
+def _budget_origin(budget: str | None) -> str:
+    if budget is None:
+        return " (what the GPU has left: no --budget)"
+    return "" if budget[-1:].isalpha() else f" (--budget {budget})"
+
+
+def job_lines(job: JobMemory, setup: TrainingSetup, args: argparse.Namespace) -> list[str]:
+    """The answer first: fits on the GPU or not, and one rank's step part
+    by part (`job_memory`)."""
+    ranks = f"{setup.gpus} x {args.gpu}" + (" with FSDP2" if setup.fsdp and setup.gpus > 1 else "")
+    verb = "Fits" if job.fits_gpu else "Does not fit"
+    lines = [
+        f"{verb} on {ranks}: one rank's step peaks at {gib(job.total_peak_bytes)} of {gib(job.gpu_capacity_bytes)} "
+        f"(batch {args.batch} x seq {args.seq}, {setup.optimizer}, {setup.precision}).",
+        f"  {'part':<40} {'bytes':>12}",
+    ]
+    lines += [f"  {name:<40} {gib(nbytes):>12}" for name, nbytes in job.rows(fsdp=setup.fsdp and setup.gpus > 1)]
+    lines.append(f"  {'total':<40} {gib(job.total_peak_bytes):>12}")
+    static = job.total_peak_bytes - job.activation_peak_bytes
+    if static > job.gpu_capacity_bytes:
+        lines.append(
+            f"  Without any activations the step needs {gib(static)}: no plan can fit. Shard it (--gpus N --fsdp), "
+            "or hold less per parameter (--optimizer adamw8bit, --precision bf16)."
+        )
+    return lines
+
+
+def job_json(job: JobMemory, setup: TrainingSetup, args: argparse.Namespace, result: Preview,
+             search: BatchSearch | None) -> dict[str, Any]:
+    """`adacc plan --json`: the breakdown's fields, the plan's budget and
+    the strategies' estimated step times."""
+    s = result.summary
+    by_name = {x.name: x for x in result.strategies}
+    full_ac = next((x for x in result.strategies if x.name.startswith("full AC")), None)
+    return {
+        **job.to_json(),
+        "gpu": args.gpu, "gpus": setup.gpus, "fsdp": setup.fsdp, "optimizer": setup.optimizer,
+        "precision": setup.precision, "batch": args.batch, "seq": args.seq,
+        "budget_bytes": int(s["requested_budget_bytes"]), "budget_scope": s.get("budget_scope", "activations"),
+        "plan_fits_budget": result.fits,
+        # Searched only where the asked batch did not fit (null: not searched, or no batch fits).
+        "largest_batch": search.largest if search else None,
+        "largest_batch_searched": search is not None,
+        "adacc_step_seconds": result.strategies[0].step_seconds,
+        "full_ac_step_seconds": full_ac.step_seconds if full_ac else None,
+        "strategies": {name: {"step_peak_bytes": x.step_peak_bytes, "activation_peak_bytes": x.activation_peak_bytes,
+                              "step_seconds": x.step_seconds} for name, x in by_name.items()},
+    }
 
 
 def strategy_table(strategies: list[Strategy], budget: int, parameter_bytes: int, scope: str = "activations") -> str:

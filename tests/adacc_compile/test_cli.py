@@ -85,7 +85,8 @@ def test_module_factory_route(capsys):
     code, out, err = _plan(capsys, "adacc_cli_factories:tiny_gpt", "--gpu", "h200", "--budget", "0.6",
                            "--batch", "2", "--seq", "16", "--dtype", "fp32")
     assert code == 0, err
-    assert out.startswith("adacc plan: adacc_cli_factories:tiny_gpt (user factory)")
+    assert out.startswith("Fits on 1 x h200")  # the answer first, then the plan
+    assert "\nadacc plan: adacc_cli_factories:tiny_gpt (user factory)" in out
     assert "blocks 0-2 " in out  # GPT's blocks, folded
 
 
