@@ -35,6 +35,14 @@ def measure_peak_bytes(step: Callable[[], Any], device: str | torch.device = "cp
         return torch.cuda.max_memory_allocated(device) - base
     if device.type != "cpu":
         raise ValueError(f"measure_peak_bytes supports cpu and cuda devices, not {device}")
+    totals = compat.allocator_totals(profile_memory_of(step))
+    return max([0, *totals])
+
+
+def profile_memory_of(step: Callable[[], Any]) -> Any:
+    """A CPU ``torch.profiler`` run of ``step()`` that records every
+    allocation and free (`compat.allocator_totals` and
+    `compat.allocator_levels_by_op` read it)."""
     from torch.profiler import ProfilerActivity, profile
 
     # Garbage of earlier work (a model compiled before, its cyclic graphs)
@@ -49,8 +57,7 @@ def measure_peak_bytes(step: Callable[[], Any], device: str | torch.device = "cp
     finally:
         with native_stderr_silenced():
             prof.stop()
-    totals = compat.allocator_totals(prof)
-    return max([0, *totals])
+    return prof
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from adacc_compile import compat
-from adacc_compile.measure import native_stderr_silenced
+from adacc_compile.measure import profile_memory_of
 
 _NODE = re.compile(r"^\s*(\w+)(?::[^=]*)? = torch\.ops\.aten\.(\w+)\.")
 
@@ -87,19 +87,9 @@ def _step(model, ids: torch.Tensor, labels: bool):
 def measured_levels(model: torch.nn.Module, step) -> list[tuple[str, int]]:
     """The second step's level during each top-level aten op, the first
     step's gradients freed before the window."""
-    from torch.profiler import ProfilerActivity, profile
-
     step()
     model.zero_grad(set_to_none=True)
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with native_stderr_silenced():
-        prof.start()
-    try:
-        step()
-    finally:
-        with native_stderr_silenced():
-            prof.stop()
-    return compat.allocator_levels_by_op(prof)
+    return compat.allocator_levels_by_op(profile_memory_of(step))
 
 
 def _graph_ops(source: str) -> dict[str, str]:
