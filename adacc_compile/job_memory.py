@@ -26,6 +26,12 @@ Figures used, per rank:
   the gradients as the backward makes them, in the traced dtype: where the
   gradients are fp32 the difference is added); with FSDP, the activation
   peak (the gradients are the sharded term above).
+* **the optimizer's step**: torch's AdamW (its default, multi-tensor
+  path) makes one temporary the size of a state (``_foreach_sqrt`` of the
+  second moments) while the gradients are still held and the
+  activations are gone; SGD with momentum and 8-bit AdamW work in place.
+  Where that phase needs more than the backward's peak, the difference is
+  its own row, so the parts still add up to the step's peak.
 * **reserve**: the CUDA context and library workspaces (`CONTEXT_BYTES`)
   and the caching allocator's fragmentation (`FRAGMENTATION` of the
   capacity), which ``max_memory_allocated`` does not show but the GPU
@@ -96,6 +102,10 @@ class TrainingSetup:
     def parameter_dtype_bytes(self) -> int:
         return 4 if self.precision == "fp32-master" else 2
 
+    def optimizer_step_bytes_per_parameter(self) -> int:
+        """Temporaries of the optimizer's step (module docstring)."""
+        return self.parameter_dtype_bytes if self.optimizer == "adamw" else 0
+
     def optimizer_bytes_per_parameter(self) -> int:
         if self.optimizer == "adamw":
             return 2 * self.parameter_dtype_bytes
@@ -116,12 +126,16 @@ class JobMemory:
     optimizer_state_bytes: int
     unsharded_in_flight_bytes: int
     activation_peak_bytes: int
+    optimizer_step_excess_bytes: int = 0
+    """What the optimizer's step needs beyond the backward's peak (0 where
+    the backward peaks higher)."""
     reserve_bytes: int
 
     @property
     def total_peak_bytes(self) -> int:
         return (self.weights_bytes + self.gradients_bytes + self.optimizer_state_bytes
-                + self.unsharded_in_flight_bytes + self.activation_peak_bytes + self.reserve_bytes)
+                + self.unsharded_in_flight_bytes + self.activation_peak_bytes + self.optimizer_step_excess_bytes
+                + self.reserve_bytes)
 
     @property
     def fits_gpu(self) -> bool:
@@ -141,6 +155,7 @@ class JobMemory:
                 ("optimizer state (shard)", self.optimizer_state_bytes),
                 ("unsharded blocks in flight", self.unsharded_in_flight_bytes),
                 ("activations (adacc's plan)", self.activation_peak_bytes),
+                ("optimizer step, beyond that peak", self.optimizer_step_excess_bytes),
                 ("CUDA context + allocator reserve", self.reserve_bytes),
             ]
         return [
@@ -148,6 +163,7 @@ class JobMemory:
             ("optimizer state", self.optimizer_state_bytes),
             ("adacc's step (activations, gradients)", self.activation_peak_bytes),
             ("gradients beyond the traced dtype", self.gradients_bytes),
+            ("optimizer step, beyond that peak", self.optimizer_step_excess_bytes),
             ("CUDA context + allocator reserve", self.reserve_bytes),
         ]
 
@@ -193,8 +209,14 @@ def job_memory(capacity: int, setup: TrainingSetup, parameters: int, block_param
     stands for activations and gradients together, so the gradients'
     row holds only what fp32 gradients add to the traced ones."""
     parts = static_bytes(setup, parameters, block_parameters)
+    # The optimizer's step: weights, all gradients, the states and the
+    # step's temporaries, the activations gone.
+    optimizer_step = (parts["weights_bytes"] + parts["gradients_bytes"] + parts["optimizer_state_bytes"]
+                      + -(-parameters * setup.optimizer_step_bytes_per_parameter() // setup.shards))
     if not (setup.fsdp and setup.gpus > 1):
         parts["gradients_bytes"] = max(parts["gradients_bytes"] - traced_gradient_bytes, 0)
         activation_peak_bytes = step_peak_bytes
+    backward = sum(parts.values()) + activation_peak_bytes
     return JobMemory(gpu_capacity_bytes=capacity, activation_peak_bytes=activation_peak_bytes,
+                     optimizer_step_excess_bytes=max(optimizer_step - backward, 0),
                      reserve_bytes=reserve_bytes(capacity), **parts)

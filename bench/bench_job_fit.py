@@ -47,19 +47,20 @@ def run(model: str, setup: str, args: argparse.Namespace) -> dict:
 def table(rows: list[dict]) -> str:
     lines = [
         "| model | GPUs | fits | one rank's total / GPU (GiB) | weights | gradients | optimizer | in flight "
-        "| activations (plan) | reserve | largest batch | time to answer (s) |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| activations (plan) | optimizer step beyond | reserve | largest batch | time to answer (s) |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['setup']} | error: {r['error']} | | | | | | | | | {r['wall_seconds']:.1f} |")
+            lines.append(f"| {r['model']} | {r['setup']} | error: {r['error']} | | | | | | | | | | {r['wall_seconds']:.1f} |")
             continue
         g = lambda key: f"{r[key] / GIB:.2f}"  # noqa: E731
         lines.append(
             f"| {r['model']} | {r['setup']} | {'yes' if r['fits_gpu'] else 'no'} | "
             f"{r['total_peak_bytes'] / GIB:.2f} / {r['gpu_capacity_bytes'] / GIB:.2f} | {g('weights_bytes')} | "
             f"{g('gradients_bytes')} | {g('optimizer_state_bytes')} | {g('unsharded_in_flight_bytes')} | "
-            f"{g('activation_peak_bytes')} | {g('reserve_bytes')} | {r['largest_batch']} | {r['wall_seconds']:.1f} |"
+            f"{g('activation_peak_bytes')} | {g('optimizer_step_excess_bytes')} | {g('reserve_bytes')} | "
+            f"{r['largest_batch']} | {r['wall_seconds']:.1f} |"
         )
     return "\n".join(lines)
 

@@ -49,7 +49,8 @@ def test_the_parts_add_up_to_the_total_and_the_budget_fills_the_gpu(setup):
                      traced_gradient_bytes=traced_gradients)
     fields = job.to_json()
     parts = [fields[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes",
-                                 "unsharded_in_flight_bytes", "activation_peak_bytes", "reserve_bytes")]
+                                 "unsharded_in_flight_bytes", "activation_peak_bytes",
+                                 "optimizer_step_excess_bytes", "reserve_bytes")]
     assert sum(parts) == fields["total_peak_bytes"] == sum(n for _, n in job.rows(fsdp=setup.fsdp))
     assert fields["reserve_bytes"] == CONTEXT_BYTES + int(FRAGMENTATION * CAPACITY)
     # A plan at exactly the budget fills the GPU; a byte more does not fit.
@@ -57,6 +58,26 @@ def test_the_parts_add_up_to_the_total_and_the_budget_fills_the_gpu(setup):
     over = job_memory(CAPACITY, setup, PARAMETERS, BLOCK, step_peak_bytes=budget + 1,
                       activation_peak_bytes=budget + 1, traced_gradient_bytes=traced_gradients)
     assert not over.fits_gpu
+
+
+@pytest.mark.parametrize("optimizer, temporaries", [("adamw", 4), ("sgd", 0), ("adamw8bit", 0)])
+def test_where_the_optimizers_step_peaks_its_excess_is_a_part(optimizer, temporaries):
+    """With few activations the step peaks in the optimizer's step: the
+    weights, fp32 gradients, states and (AdamW's multi-tensor path) one
+    state-sized temporary, the activations gone."""
+    setup = TrainingSetup(optimizer=optimizer)
+    job = job_memory(CAPACITY, setup, PARAMETERS, BLOCK, step_peak_bytes=1000, activation_peak_bytes=1000,
+                     traced_gradient_bytes=2 * PARAMETERS)
+    static = static_bytes(setup, PARAMETERS, BLOCK)
+    optimizer_step = (static["weights_bytes"] + static["gradients_bytes"] + static["optimizer_state_bytes"]
+                      + temporaries * PARAMETERS)
+    assert job.total_peak_bytes - job.reserve_bytes == max(optimizer_step, job.total_peak_bytes - job.reserve_bytes
+                                                           - job.optimizer_step_excess_bytes)
+    assert (job.optimizer_step_excess_bytes > 0) == (optimizer_step > static["weights_bytes"]
+                                                     + static["optimizer_state_bytes"] + 2 * PARAMETERS + 1000)
+    busy = job_memory(CAPACITY, setup, PARAMETERS, BLOCK, step_peak_bytes=10**9, activation_peak_bytes=10**9,
+                      traced_gradient_bytes=2 * PARAMETERS)
+    assert busy.optimizer_step_excess_bytes == 0  # the backward peaks higher
 
 
 def test_bad_setups_are_refused():
@@ -92,7 +113,7 @@ def test_the_cli_answers_with_the_gpus_budget_and_its_json_fields(tmp_path, caps
     assert alone["largest_batch"] is None and not alone["largest_batch_searched"]  # the asked batch fits
     assert alone["total_peak_bytes"] == sum(alone[k] for k in (
         "weights_bytes", "gradients_bytes", "optimizer_state_bytes", "unsharded_in_flight_bytes",
-        "activation_peak_bytes", "reserve_bytes"))
+        "activation_peak_bytes", "optimizer_step_excess_bytes", "reserve_bytes"))
     assert alone["optimizer_state_bytes"] == 2 * alone["weights_bytes"]  # AdamW, fp32 states
     sharded = _json(capsys, *common, "--gpus", "4", "--fsdp")
     assert sharded["weights_bytes"] == -(-alone["weights_bytes"] // 4)
