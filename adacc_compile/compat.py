@@ -516,11 +516,12 @@ def inductor_joint_graph_passes(gm: fx.GraphModule, joint_inputs: Sequence[Any])
 
 
 def joint_outputs_scalar(captured: CapturedJoint) -> bool:
-    """The traced graph's forward returns one 0-dim value (the loss): the
-    backward starts in this graph, so no graph break came before the loss."""
+    """The traced graph's forward returns a 0-dim value (the loss) first,
+    beside which it may return others (the logits): the backward starts in
+    this graph, so no graph break came before the loss."""
     outputs = forward_output_nodes(captured.gm, int(captured.kwargs["num_fwd_outputs"]))
     values = [n.meta.get("val") for n in outputs]
-    return len(values) == 1 and isinstance(values[0], torch.Tensor) and values[0].dim() == 0
+    return bool(values) and isinstance(values[0], torch.Tensor) and values[0].dim() == 0
 
 
 # --------------------------------------------------------------------------

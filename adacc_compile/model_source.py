@@ -227,26 +227,32 @@ def _is_hf_model(model: torch.nn.Module) -> bool:
 
 
 class HFCausalLoss(torch.nn.Module):
-    """A Hugging Face causal LM as ``forward(ids, labels) -> loss``, so Dynamo
-    traces body and loss as one graph.
+    """A Hugging Face causal LM as ``forward(ids, labels) -> (loss,
+    logits)``, so Dynamo traces body and loss as one graph.
 
     The loss is computed here, as transformers' ``ForCausalLMLoss`` computes
     it (float logits, labels shifted by padding with -100, mean cross
     entropy), rather than through ``labels=``: for some architectures (GPT-2)
     the model's ``loss_function`` calls ``logger.warning_once``, which breaks
     Dynamo's graph before the loss (and prints a warning into the user's
-    output)."""
+    output). The logits are returned beside the loss, as the model called
+    with ``labels=`` returns them: the step then holds what that call's
+    backward holds, the zeros autograd makes for the logits' gradient
+    (`passes.tangents`; a logits buffer, 2 GiB for a 32k vocabulary at
+    batch 8 x seq 4096 in bf16), which a loss-only graph leaves out."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        logits = self.model(input_ids=ids, use_cache=False).logits.float()
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model(input_ids=ids, use_cache=False).logits
+        wide = logits.float()
         shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
-        return torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), shifted.reshape(-1), ignore_index=-100
+        loss = torch.nn.functional.cross_entropy(
+            wide.reshape(-1, wide.shape[-1]), shifted.reshape(-1), ignore_index=-100
         )
+        return loss, logits
 
 
 class LossOf(torch.nn.Module):

@@ -264,8 +264,9 @@ def test_loss_wrapper_equals_transformers_loss():
     ids = torch.randint(0, 64, (2, 16))
     labels = ids.clone()
     labels[0, 5] = -100  # ignored positions count as in transformers' loss
-    expected = model(input_ids=ids, labels=labels, use_cache=False).loss
-    assert torch.equal(HFCausalLoss(model)(ids, labels), expected)
+    expected = model(input_ids=ids, labels=labels, use_cache=False)
+    loss, logits = HFCausalLoss(model)(ids, labels)
+    assert torch.equal(loss, expected.loss) and torch.equal(logits, expected.logits)
 
 
 def test_graph_break_before_the_loss_is_a_clear_error(capsys):
