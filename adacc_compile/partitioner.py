@@ -110,8 +110,7 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         """Set while re-planning: the plan being replaced, the MILP's start."""
         self.latest: dict[int, dict[str, Any]] = {}
         """Per graph index (the step ledger's), the report of its current
-        plan (the summary's own ``graph_index`` is its dump folder's
-        number when dumps are written)."""
+        plan (``reports`` keeps every plan made, re-plans included)."""
         self.corrections: dict[int, int] = {}
         """Per graph index, how far its measured first step peaked above its
         plan's prediction, where that buys a re-plan (`step_measure`)."""

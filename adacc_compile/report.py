@@ -426,10 +426,12 @@ def _calibration_note(calibration: dict[str, Any]) -> str:
 
 
 def publish(state: "PartitionState") -> None:
+    """The summary and plan records as ``state.report``, logged, and dumped
+    where ``dump_dir`` is set. ``graph_index`` stays the graph's index in
+    the step (`step_ledger`); the dump folder's name, which counts the
+    folders already in ``dump_dir``, is the summary's ``dump_folder``."""
     folder = next_dump_folder(state.config.dump_dir) if state.config.dump_dir else None
-    if folder is not None:
-        state.graph_index = int(folder.rsplit("_", 1)[1])
-    summary = summarize(state)
+    summary = {**summarize(state), "dump_folder": os.path.basename(folder) if folder else None}
     records = plan_records(state)
     state.report = {"summary": summary, "plan": records, "dump_folder": folder}
     compat.log_json_artifact("adacc_summary", summary)

@@ -71,6 +71,23 @@ def test_env_var_dump_dir_numbers_graphs_in_compile_order(tmp_path, monkeypatch)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["graph_000", "graph_001"]
 
 
+def test_the_summary_names_its_dump_folder_and_keeps_the_graphs_own_index(tmp_path):
+    """A dump_dir that already holds earlier runs' folders: the plan goes to
+    the next free folder, named in ``dump_folder``, and ``graph_index``
+    stays the graph's index in the step, the one the partitioner's step
+    bookkeeping uses (it was overwritten with the folder's number)."""
+    for index in range(7):
+        (tmp_path / f"graph_{index:03d}").mkdir()
+    model, batch = _mlp_and_batch()
+    compiled, partitioner = compile_with_reports(model, "adacc_eager", {"dump_dir": str(tmp_path)})
+    loss_and_grads(model, compiled, *batch)
+    summary = partitioner.reports[-1]["summary"]
+    assert summary["dump_folder"] == "graph_007"
+    assert list(partitioner.latest) == [summary["graph_index"]]
+    dumped = json.loads((tmp_path / "graph_007" / "summary.json").read_text())
+    assert (dumped["dump_folder"], dumped["graph_index"]) == ("graph_007", summary["graph_index"])
+
+
 def _run(code: str, env: dict[str, str], cwd: pathlib.Path) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **env}
     return subprocess.run(
