@@ -272,8 +272,10 @@ class AdaptiveGraph:
         dump_dir = self.config.dump_dir
         if not dump_dir:
             return None
-        base = self.versions[0].dump_folder if self.versions else os.path.join(dump_dir, f"graph_{state.graph_index:03d}")
-        assert base is not None
+        # Version 0's folder is the one its report was dumped to (`report.publish`).
+        base = self.versions[0].dump_folder if self.versions else (state.report or {}).get("dump_folder")
+        if base is None:
+            return None
         return base if version == 0 else os.path.join(base, f"plan_v{version}")
 
     def _write_history(self) -> None:
