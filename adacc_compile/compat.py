@@ -217,7 +217,7 @@ def reorder_like_autograd(gm: fx.GraphModule) -> fx.GraphModule:
             env[node] = new_graph.node_copy(node, lambda x: env[x])
 
     first = min(
-        (user for tangent in gm.graph.nodes if _partitioners._is_tangent(tangent) for user in tangent.users),
+        (user for tangent in gm.graph.nodes if is_tangent(tangent) for user in tangent.users),
         key=order.__getitem__, default=None,
     )
     if first is None:  # no backward node reads a tangent

@@ -28,7 +28,7 @@ import warnings
 import torch
 
 import _examples_path  # noqa: F401
-from adacc_compile.measure import measure_peak_bytes
+from adacc_compile.measure import second_step_peak_bytes
 from adacc_compile.partitioner import AdaccPartitioner
 from adacc_compile.config import AdaccConfig
 from adacc_examples.models import GPT, GPTConfig, Llama, LlamaConfig, gpt_batch, init_weights
@@ -45,14 +45,10 @@ def _model(family: str, args: argparse.Namespace):
 
 
 def _peak(model, fn, batch) -> int:
-    """The second step's peak, its gradients freed before it, outside the
-    window (the profiler counts frees of blocks an earlier profiled window
-    allocated, and not of others)."""
+    """The second step's peak (`measure.second_step_peak_bytes`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the 1-byte budget warns by design
-        fn(*batch).backward()
-    model.zero_grad(set_to_none=True)
-    return measure_peak_bytes(lambda: fn(*batch).backward())
+        return second_step_peak_bytes(model, lambda: fn(*batch).backward())
 
 
 def _adacc(family, args, batch, options):

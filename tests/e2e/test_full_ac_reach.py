@@ -22,7 +22,7 @@ import warnings
 import pytest
 import torch
 
-from adacc_compile.measure import measure_peak_bytes
+from adacc_compile.measure import second_step_peak_bytes
 from adacc_test_utils import compile_with_reports
 
 transformers = pytest.importorskip("transformers")
@@ -64,7 +64,7 @@ def _full_ac_and_lowest(make, *, labels: bool = False, planner: str = "milp"):
     ids = torch.randint(0, VOCAB, (4, SEQ), generator=torch.Generator().manual_seed(0))
     full_ac = make()
     full_ac.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    full_ac_peak = _second_step_peak(full_ac, _step(full_ac, ids, labels=labels))
+    full_ac_peak = second_step_peak_bytes(full_ac, _step(full_ac, ids, labels=labels))
     model = make()
     options = {"memory_budget": "1B", "budget_scope": "step", "device_profile": "h100", "measure_step": False}
     if planner != "milp":
@@ -72,18 +72,8 @@ def _full_ac_and_lowest(make, *, labels: bool = False, planner: str = "milp"):
     compiled, partitioner = compile_with_reports(model, "adacc_eager", options)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # 1 byte: below the minimum, by design
-        ours = _second_step_peak(model, _step(compiled, ids, labels=labels))
+        ours = second_step_peak_bytes(model, _step(compiled, ids, labels=labels))
     return full_ac_peak, ours, [report["summary"] for report in partitioner.reports]
-
-
-def _second_step_peak(model, step) -> int:
-    """The second step's peak, the first step's gradients freed outside the
-    window (the profiler counts frees only of blocks a profiled window
-    allocated: freed inside it, they made a model measured second in a
-    process read up to 20% low)."""
-    step()
-    model.zero_grad(set_to_none=True)
-    return measure_peak_bytes(step)
 
 
 def test_the_reachable_minimum_is_at_or_below_full_checkpointings_measured_peak():
