@@ -27,6 +27,7 @@ from adacc_compile.passes.plan_search import SplitContext, search_plan
 from adacc_compile.passes.structure import (
     block_classes,
     differing_blocks,
+    first_differentiated_apart,
     no_reduction,
     protect_block_boundaries,
     reduce_identical_blocks,
@@ -133,16 +134,22 @@ def structure_stage(state: PartitionState) -> None:
     protected = tuple(cls for cls in classes if sizes[cls[0]] >= BLOCK_BOUNDARY_CANDIDATES)
     full = protect_block_boundaries(full, protected)
     reuse = state.config.block_reuse and not full.windows and bool(classes)
+    shared = first_differentiated_apart(classes)
     coarse: frozenset[str] = frozenset()
     if reuse or len(full.candidates) > EXACT_MODEL_CANDIDATES:
-        # Exact: the representative (the last in the forward, the first
-        # differentiated) and the first in the forward (the last
+        # Exact: the first block differentiated (deciding on its own), the
+        # representative (the next, the first differentiated of those
+        # sharing decisions) and the first in the forward (the last
         # differentiated, where a step budget's gradients are largest).
-        coarse = frozenset(b for cls in protected for b in cls[1:-1])
+        coarse = frozenset(b for cls in first_differentiated_apart(protected) for b in cls[1:-1])
     if state.fold_copies:
         full = _fold(state, full, classes if reuse else (), sizes)
     if reuse:
-        reduction = reduce_identical_blocks(full, nodes, classes)
+        # Reported over the whole classes, with the blocks deciding apart named.
+        reduction = dataclasses.replace(
+            reduce_identical_blocks(full, nodes, shared), classes=classes,
+            apart=tuple(cls[0] for cls, kept in zip(classes, shared) if kept != cls),
+        )
     else:
         reduction = no_reduction(full)
     reduction = dataclasses.replace(reduction, differing=differing_blocks(full, nodes, classes))

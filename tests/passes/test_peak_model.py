@@ -236,6 +236,17 @@ def test_segments_group_coarse_blocks_and_widen_beyond_the_limit():
     assert wide.count <= 4 and list(wide.of) == sorted(wide.of)
 
 
+def test_a_coarse_block_in_two_runs_leaves_the_positions_between_them_their_own():
+    """A block whose backward-only values the forward computes at its end
+    has a second run after the loss region: the loss region's positions
+    keep rows of their own, and nodes outside blocks between two positions
+    of one run still join it."""
+    layers = ("b.0", "", "b.0", "b.1", "", "", "b.0", "b.1")
+    seg = peak_model.segment_positions(layers, frozenset({"b.0"}))
+    assert seg.of == (0, 0, 0, 1, 2, 3, 4, 5) and seg.count == 6
+    assert peak_model.dominated_segments(layers, seg, frozenset({"b.0"})) == {0, 4}
+
+
 def test_a_coarse_segment_still_bounds_the_simulation():
     rng = random.Random(3)
     base = random_problem(rng, 6, 8)
