@@ -150,13 +150,19 @@ def resolve_budget(
 
 
 def clamp_to_minimum(
-    resolution: BudgetResolution, problem: PlanProblem, options: SolverOptions, *, on_infeasible: str
+    resolution: BudgetResolution,
+    problem: PlanProblem,
+    options: SolverOptions,
+    *,
+    on_infeasible: str,
+    lowest: PlanSolution | None = None,
 ) -> tuple[BudgetResolution, PlanSolution]:
     """The budget cannot be met: find the lowest modelled peak any legal plan
-    reaches, then raise (``on_infeasible="error"``) or warn and return that
-    budget with the plan that reaches it."""
-    unconstrained = dataclasses.replace(problem, budget_bytes=None, boundary_budget_bytes=None)
-    lowest = _lowest_peak_plan(unconstrained, options)
+    reaches (``lowest``, where already solved: `lowest_peak_plan`), then
+    raise (``on_infeasible="error"``) or warn and return that budget with
+    the plan that reaches it."""
+    if lowest is None:
+        lowest = lowest_peak_plan(problem, options)
     minimum = modelled_peak(problem, lowest)
     error = InfeasibleBudgetError(resolution.requested_bytes, minimum)
     if on_infeasible == "error":
@@ -173,11 +179,13 @@ def clamp_to_minimum(
     return clamped, lowest
 
 
-def _lowest_peak_plan(problem: PlanProblem, options: SolverOptions) -> PlanSolution:
-    """The plan with the lowest modelled peak among the MILP's peak-minimising
-    solve and recomputing everything legal (op-level full checkpointing).
-    The second is the answer where HiGHS stops on its time limit without a
-    plan, and a guard where the solve's best plan so far is worse."""
+def lowest_peak_plan(problem: PlanProblem, options: SolverOptions) -> PlanSolution:
+    """The plan with the lowest modelled peak (whatever ``problem``'s caps)
+    among the MILP's peak-minimising solve and recomputing everything legal
+    (op-level full checkpointing). The second is the answer where HiGHS
+    stops on its time limit without a plan, and a guard where the solve's
+    best plan so far is worse."""
+    problem = dataclasses.replace(problem, budget_bytes=None, boundary_budget_bytes=None)
     everything = recompute_all_policy(problem, options)
     # Recomputing everything is legal and low: HiGHS starts from it.
     start = with_start(options, everything, "the plan that recomputes everything it may")

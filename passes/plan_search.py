@@ -36,7 +36,7 @@ import torch.fx as fx
 
 from adacc_compile import compat
 
-from .budget import BudgetResolution, clamp_to_minimum, modelled_peak
+from .budget import BudgetResolution, clamp_to_minimum, lowest_peak_plan, modelled_peak
 from .candidates import CandidateSet
 from .compress_rewrite import apply_compression, replaced_ops
 from .depth_fold import DepthFold
@@ -138,23 +138,33 @@ def search_plan(
     notes: list[str] = []
     solution = _solve(reduction.problem, budget, planner, options)
     source = "planner"
-    if solution.status == "infeasible" and not fixed and budget.boundary_bytes is not None:
-        budget, solution, note = _relax_boundary(reduction.problem, budget, planner, options)
-        notes.extend(note)
     if solution.status == "infeasible" and not fixed:
-        requested_boundary = budget.boundary_bytes
-        budget, lowest = clamp_to_minimum(budget, reduction.problem, options, on_infeasible=on_infeasible)
-        budget, least = _least_boundary(
-            reduction.problem, budget, requested_boundary, with_start(options, lowest, "the lowest-peak plan")
-        )
-        # The fastest plan at that peak (the lowest-peak solve only breaks
-        # ties on time, and does not place recomputation in windows), started
-        # from the least-bytes plan at the minimum, which meets both caps.
-        fastest_at_minimum = _solve(
-            reduction.problem, budget, planner, with_start(options, least, "the least-bytes plan at the minimum")
-        )
-        solution = fastest_at_minimum if fastest_at_minimum.status != "infeasible" else lowest
-        source = "minimum"
+        # One solve says whether the peak is in reach and, where it is not,
+        # gives the plan at the reachable minimum.
+        lowest = lowest_peak_plan(reduction.problem, options)
+        if budget.boundary_bytes is not None and modelled_peak(reduction.problem, lowest) <= budget.budget_bytes:
+            budget, solution, note = _relax_boundary(reduction.problem, budget, planner, options, lowest)
+            notes.extend(note)
+        else:
+            requested_boundary = budget.boundary_bytes
+            budget, lowest = clamp_to_minimum(
+                budget, reduction.problem, options, on_infeasible=on_infeasible, lowest=lowest
+            )
+            least = lowest
+            if requested_boundary is None or saved_bytes(reduction.problem, lowest) > requested_boundary:
+                budget, least = _least_boundary(
+                    reduction.problem, budget, requested_boundary, with_start(options, lowest, "the lowest-peak plan")
+                )
+            else:  # the lowest-peak plan holds no more than asked: no least-bytes solve
+                budget = dataclasses.replace(budget, boundary_bytes=requested_boundary)
+            # The fastest plan at that peak (the lowest-peak solve only breaks
+            # ties on time, and does not place recomputation in windows),
+            # started from a plan at the minimum that meets both caps.
+            fastest_at_minimum = _solve(
+                reduction.problem, budget, planner, with_start(options, least, "a plan at the minimum within both caps")
+            )
+            solution = fastest_at_minimum if fastest_at_minimum.status != "infeasible" else lowest
+            source = "minimum"
     reduced = solution
     solution = reduction.expand(solution)
     if not fixed and default is not None:
@@ -419,26 +429,23 @@ def _over_budget(outcome: PlanOutcome, search: str) -> PlanOutcome:
 
 
 def _relax_boundary(
-    problem: PlanProblem, budget: BudgetResolution, planner: str, options: SolverOptions
+    problem: PlanProblem, budget: BudgetResolution, planner: str, options: SolverOptions, within_peak: PlanSolution
 ) -> tuple[BudgetResolution, PlanSolution, list[str]]:
-    """No plan meets both caps of a ratio budget. Where plans within the
-    peak budget exist, only the boundary share was out of reach: the cap
-    becomes the least any plan within the peak holds, and the fastest plan
-    under both is solved (started from that least-bytes plan). The peak
-    budget, what the user's memory is, stays; only where no plan fits the
-    peak either is the budget clamped to the reachable minimum
-    (`clamp_to_minimum`), which would otherwise hand back the lowest-peak
-    plan, slower than needed, for a peak the budget allows.
+    """No plan meets both caps of a ratio budget, but ``within_peak`` (the
+    lowest-peak plan) fits the peak budget: only the boundary share was
+    out of reach. The cap becomes the least any plan within the peak holds,
+    and the fastest plan under both is solved (started from that
+    least-bytes plan). The peak budget, what the user's memory is, stays;
+    only where no plan fits the peak either is the budget clamped to the
+    reachable minimum (`clamp_to_minimum`), which would otherwise hand back
+    the lowest-peak plan, slower than needed, for a peak the budget allows.
 
-    The least-bytes solve starts from the fastest plan within the peak
-    alone: without a start, HiGHS can stop on its time limit before it
-    finds any plan (a 2-layer GPT with codecs at 0.3 did, and the search
-    went on with an empty plan)."""
-    within_peak = _solve(problem, dataclasses.replace(budget, boundary_bytes=None), planner, options)
-    if not within_peak.choices and problem.candidates:
-        return budget, dataclasses.replace(within_peak, status="infeasible"), []
+    The least-bytes solve starts from ``within_peak``: without a start,
+    HiGHS can stop on its time limit before it finds any plan (a 2-layer
+    GPT with codecs at 0.3 did, and the search went on with an empty
+    plan)."""
     relaxed, least = _least_boundary(
-        problem, budget, budget.boundary_bytes, with_start(options, within_peak, "the fastest plan within the peak")
+        problem, budget, budget.boundary_bytes, with_start(options, within_peak, "the lowest-peak plan")
     )
     if not least.choices:  # the solver kept no plan, not even its start
         least = within_peak

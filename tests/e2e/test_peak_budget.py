@@ -263,6 +263,26 @@ def test_a_split_over_the_reachable_minimum_is_not_re_solved_lower(monkeypatch):
     assert len(solves) <= 3
 
 
+def test_a_budget_out_of_reach_costs_one_lowest_peak_solve(monkeypatch):
+    """A ratio budget below what any plan reaches: the fastest plan (the
+    budget's anchor), the solve at the budget (no plan), one lowest-peak
+    solve that both says the peak is out of reach and gives the plan there,
+    the least boundary bytes at that peak and the fastest plan within both:
+    five HiGHS solves, counted, besides the re-solves that fit the split
+    graphs' peak (a solve within the peak alone, to tell a boundary out of
+    reach from a peak out of reach, made six)."""
+    from adacc_compile.passes import plan_search
+
+    lowest = plan_search.lowest_peak_plan
+    calls = []
+    monkeypatch.setattr(plan_search, "lowest_peak_plan", lambda *a, **k: calls.append(1) or lowest(*a, **k))
+    model, batch = build("gpt")
+    with pytest.warns(UserWarning, match="below the reachable minimum|lowest"):
+        _, summary, _ = _plan(model, batch, lambda m: m, 0.01)
+    assert summary["budget_clamped_to_minimum"] and len(calls) == 1
+    assert summary["planning"]["solves"] <= 5 + summary["replans"], (summary["planning"], summary["replans"])
+
+
 def test_split_under_the_model_raises_the_cap_for_a_cheaper_plan_that_fits(monkeypatch):
     """Where the split graphs hold much less than the model says (here every
     split is made to hold 70% of what it does), the model's cap is raised by
