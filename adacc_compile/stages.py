@@ -108,9 +108,11 @@ def calibrate_stage(state: PartitionState) -> None:
 EXACT_MODEL_CANDIDATES = 1500
 """Without block reuse (``block_reuse=False``), up to this many candidates
 the memory model takes every position of the step one by one; with block
-reuse, or above it, the blocks of each class other than its first and last
-are bounded by the rows of those two (`peak_model.dominated_segments`), so
-the MILP has the size of two blocks whatever the depth."""
+reuse, or above it, the blocks of each class other than its first, its last
+and the one before the last (the last decides apart:
+`structure.first_differentiated_apart`) are bounded by the rows of those
+(`peak_model.dominated_segments`), so the MILP has the size of three blocks
+whatever the depth."""
 
 BLOCK_BOUNDARY_CANDIDATES = 8
 """Identical blocks with at least this many candidates each (transformer

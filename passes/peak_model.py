@@ -346,10 +346,11 @@ def build_memory_model(
 def dominated_segments(layers: tuple[str, ...], segments: Segments, coarse: frozenset[str]) -> frozenset[int]:
     """Segments of coarse blocks: rows that the exact blocks' rows bound.
 
-    A coarse block is a member of a class of identical blocks other than
-    its first and last (`stages.structure_stage`), with the
-    representative's decisions. The representative is the class's last
-    block in the forward, the first differentiated: its forward holds the
+    A coarse block is a member of a class of identical blocks sharing
+    decisions, other than its first and last (`stages.structure_stage`;
+    the block last in the forward decides apart and is exact), with the
+    representative's decisions. The representative is the last of those
+    blocks in the forward, the first of them differentiated: its forward holds the
     saved values of every earlier block, and its backward too, beside the
     block's working set, so a middle block's forward and backward, with
     fewer blocks' saved values and the same working set, hold no more.
