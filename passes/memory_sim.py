@@ -212,8 +212,9 @@ def simulate_step(
         storages = _real(saved_by_name.get(node.name, ()))
         if storages:
             preset[node] = storages
-    for storage in saved_storages.values():
-        if not any(any(storage is x for x in v) for v in preset.values()):
+    read = {id(storage) for storages in preset.values() for storage in storages}
+    for key, storage in saved_storages.items():
+        if key not in read:
             state.free(storage)  # saved but never read: freed at once
     for key, storage in dropped.items():
         if key not in saved_storages and key not in kept:
