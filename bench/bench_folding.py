@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import adacc_compile  # noqa: E402,F401  (first: drops the repo root, whose kernels/ shadows Hugging Face's)
-from bench_planning import capture, copy_graph  # noqa: E402
+from bench_planning import capture, copy_graph, model_arguments  # noqa: E402
 
 from adacc_compile.config import AdaccConfig  # noqa: E402
 from adacc_compile.passes.budget import modelled_peak  # noqa: E402
@@ -126,15 +126,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", nargs="+", default=["llama", "gpt2"])
-    parser.add_argument("--layers", type=int, nargs="+", default=[4, 8])
+    model_arguments(parser, layers=[4, 8], d_model=128, seq_len=64)
     parser.add_argument("--shares", type=float, nargs="+", default=[1.0, 0.75, 0.5, 0.25, 0.1])
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--profile", default="h100", help="device_profile of the plans")
-    parser.add_argument("--tag", default="")
-    parser.add_argument("--out-dir", default="bench/results")
     args = parser.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
     command = "python bench/bench_folding.py " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -174,19 +174,24 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def model_arguments(parser: argparse.ArgumentParser, *, layers: list[int], d_model: int, seq_len: int) -> None:
+    """The options that say which HF models to capture, and where results go."""
     parser.add_argument("--families", nargs="+", default=["llama", "gpt2"])
-    parser.add_argument("--layers", type=int, nargs="+", default=[4, 8, 16, 32])
-    parser.add_argument("--budgets", nargs="+", default=["1.0", "0.5", "0.3", "min"])
-    parser.add_argument("--modes", nargs="+", default=["inductor", "eager"], choices=["inductor", "eager"])
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--layers", type=int, nargs="+", default=layers)
+    parser.add_argument("--d-model", type=int, default=d_model)
+    parser.add_argument("--seq-len", type=int, default=seq_len)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--profile", default="h100", help="device_profile of the plans")
-    parser.add_argument("--inductor-compile-layers", type=int, nargs="*", default=[])
     parser.add_argument("--tag", default="")
     parser.add_argument("--out-dir", default="bench/results")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    model_arguments(parser, layers=[4, 8, 16, 32], d_model=256, seq_len=256)
+    parser.add_argument("--budgets", nargs="+", default=["1.0", "0.5", "0.3", "min"])
+    parser.add_argument("--modes", nargs="+", default=["inductor", "eager"], choices=["inductor", "eager"])
+    parser.add_argument("--inductor-compile-layers", type=int, nargs="*", default=[])
     args = parser.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
     command = "python bench/bench_planning.py " + " ".join(sys.argv[1:] if argv is None else argv)
