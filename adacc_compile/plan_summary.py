@@ -27,6 +27,25 @@ def bounded_peak(strategy: Strategy, scope: str) -> int:
     return strategy.step_peak_bytes if scope == "step" else strategy.activation_peak_bytes
 
 
+def largest_batch_estimates(strategies: list[Strategy], budget: int, batch: int, scope: str) -> dict[str, int]:
+    """Strategy name -> the largest batch whose bounded peak stays within
+    ``budget``, estimated from the traced ``batch`` as a peak linear in the
+    batch through zero (`batch_search`'s first guess; what does not grow
+    with the batch, gradients under a step budget, makes it conservative).
+    adacc's is at least full AC's: full AC's plan is one of its plans
+    (`plan_search._full_ac_if_lower`). Estimates, not planned batches: the
+    verified search runs only where the asked batch does not fit."""
+
+    def estimate(peak: int) -> int:
+        return max(budget, 0) * batch // peak if peak > 0 else 0
+
+    out = {x.name: estimate(bounded_peak(x, scope)) for x in strategies}
+    full_ac = next((x for x in strategies if x.name.startswith("full AC")), None)
+    if full_ac is not None and strategies:
+        out[strategies[0].name] = max(out[strategies[0].name], out[full_ac.name])
+    return out
+
+
 def _scope_label(scope: str) -> str:
     return "step peak" if scope == "step" else "activation peak"
 
@@ -58,7 +77,7 @@ def report_text(*, source: ModelSource, args: argparse.Namespace, result: Previe
     if source.max_positions is not None and traced.seq > source.max_positions:
         lines.append(f"  note: seq {traced.seq} exceeds the config's max_position_embeddings {source.max_positions}")
     lines += ["", "Plan, folded by block (identical decisions share a row):", folded_plan_table(result.state.report["plan"], repeat=fold_repeat)]
-    lines += ["", strategy_table(result.strategies, budget, traced.parameter_bytes, scope)]
+    lines += ["", strategy_table(result.strategies, budget, traced.parameter_bytes, scope, traced.batch)]
     lines += ["", *verdict(result, search, budget)]
     return "\n".join(lines)
 
@@ -110,23 +129,31 @@ def job_json(job: JobMemory, setup: TrainingSetup, args: argparse.Namespace, res
         "full_ac_step_seconds": full_ac.step_seconds if full_ac else None,
         "strategies": {name: {"step_peak_bytes": x.step_peak_bytes, "activation_peak_bytes": x.activation_peak_bytes,
                               "step_seconds": x.step_seconds} for name, x in by_name.items()},
+        # Linear in the batch from the traced one (`largest_batch_estimates`), per strategy.
+        "largest_batch_estimates": largest_batch_estimates(
+            result.strategies, int(s["requested_budget_bytes"]), result.traced.batch, s.get("budget_scope", "activations")
+        ),
     }
 
 
-def strategy_table(strategies: list[Strategy], budget: int, parameter_bytes: int, scope: str = "activations") -> str:
+def strategy_table(strategies: list[Strategy], budget: int, parameter_bytes: int, scope: str = "activations",
+                   batch: int | None = None) -> str:
     """The strategies on the same graph, adacc first; "fits" compares the
-    peak the budget bounds under ``scope``."""
+    peak the budget bounds under ``scope``; with ``batch`` (the traced
+    one), each strategy's largest batch, estimated (`largest_batch_estimates`)."""
     base = next((x for x in strategies if x.name.startswith("no checkpointing")), strategies[0])
+    largest = largest_batch_estimates(strategies, budget, batch, scope) if batch else {}
     lines = [
         "Predicted memory and time on the same graph (adacc's memory simulator, Inductor fusion):",
         f"  {'strategy':<36} {'saved':>10} {'act. peak':>10} {'step peak':>10} {'+ weights':>10} "
-        f"{'est. step':>10} {'vs no AC':>8}  fits",
+        f"{'est. step':>10} {'vs no AC':>8}  fits" + ("  batch ≤ (est.)" if largest else ""),
     ]
     for x in strategies:
         lines.append(
             f"  {x.name:<36} {gib(x.saved_bytes):>10} {gib(x.activation_peak_bytes):>10} {gib(x.step_peak_bytes):>10} "
             f"{gib(x.step_peak_bytes + parameter_bytes):>10} {1e3 * x.step_seconds:>8.1f}ms "
-            f"{x.step_seconds / max(base.step_seconds, 1e-12):>7.2f}x  {'yes' if bounded_peak(x, scope) <= budget else 'no'}"
+            f"{x.step_seconds / max(base.step_seconds, 1e-12):>7.2f}x  {'yes' if bounded_peak(x, scope) <= budget else 'no ':<3}"
+            + (f"  {largest[x.name]:>14}" if largest else "")
         )
     lines.append(
         f"  {'step peak' if scope == 'step' else 'act. peak'}: what the budget bounds (--budget-scope {scope}); "
@@ -134,6 +161,9 @@ def strategy_table(strategies: list[Strategy], budget: int, parameter_bytes: int
         "values; step peak: the whole simulated step (activations, gradients, temporaries), parameters not "
         "included; + weights: step peak plus the parameters (no optimizer state); est. step: roofline time of "
         "the step on the GPU profile plus each plan's recomputation and codec time"
+        + (f"; batch ≤ (est.): the largest batch within the budget, the bounded peak taken as linear in the batch "
+           f"from batch {batch} (adacc: at least full AC's, one of its plans; not planned at that batch)"
+           if largest else "")
     )
     return "\n".join(lines)
 

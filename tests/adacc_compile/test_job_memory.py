@@ -118,6 +118,18 @@ def test_the_cli_answers_with_the_gpus_budget_and_its_json_fields(tmp_path, caps
     sharded = _json(capsys, *common, "--gpus", "4", "--fsdp")
     assert sharded["weights_bytes"] == -(-alone["weights_bytes"] // 4)
     assert sharded["budget_scope"] == "activations"
+    # Each strategy's largest batch, linear in the batch from the traced one;
+    # adacc's at least full AC's (one of its plans), no checkpointing's the least.
+    largest = sharded["largest_batch_estimates"]
+    strategies = sharded["strategies"]
+    assert set(largest) == set(strategies)
+    full_ac = next(name for name in strategies if name.startswith("full AC"))
+    none = next(name for name in strategies if name.startswith("no checkpointing"))
+    adacc = next(name for name in strategies if name.startswith("adacc"))
+    for name, peak in ((full_ac, strategies[full_ac]["activation_peak_bytes"]),
+                       (none, strategies[none]["activation_peak_bytes"])):
+        assert largest[name] == sharded["budget_bytes"] * 2 // peak
+    assert largest[adacc] >= largest[full_ac] >= largest[none] >= 2  # the asked batch fits
     # On a GPU too small for the weights and optimizer state, no plan fits.
     assert cli.main(["plan", *common, "--gpu-memory", "1MiB"]) == 0
     out = capsys.readouterr().out
