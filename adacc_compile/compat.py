@@ -1,9 +1,11 @@
-"""Every private PyTorch API adacc touches, in one place.
+"""The private PyTorch APIs of partitioning and compiling, in one place.
 
 adacc supports torch 2.11 through 2.15. The partitioner helpers in
 ``torch._functorch.partitioners`` and the logging/compile entry points are
 private and their signatures drift between releases; the rest of the code base
-calls only the functions below, so a torch upgrade is a change to this file.
+calls only the functions below, so a torch upgrade is a change to this file
+and its two siblings: `compat_memory` (allocator and profiler events) and
+`compat_distributed` (process groups).
 """
 
 from __future__ import annotations
@@ -560,101 +562,6 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 # --------------------------------------------------------------------------
-# allocator trace (CPU peak-memory measurement)
-# --------------------------------------------------------------------------
-
-
-def profiler_active() -> bool:
-    """Whether a ``torch.profiler`` (or autograd profiler) is running in this
-    process: a second one cannot start inside it."""
-    return bool(torch.autograd.profiler._is_profiler_enabled)
-
-
-def allocator_totals(prof: Any) -> list[int]:
-    """Bytes allocated above the level at profiling start, after every
-    allocation and free that a ``torch.profiler.profile(profile_memory=True)``
-    run recorded, in time order.
-
-    The allocator reports a process-wide running total that drifts across
-    profiling sessions (frees made while not profiling are not seen), so the
-    totals are taken relative to the level just before the first event.
-    """
-    from torch._C._profiler import _EventType
-
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    events = []
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children)
-        if node.tag == _EventType.Allocation:
-            fields = node.extra_fields
-            events.append((node.start_time_ns, fields.total_allocated, fields.alloc_size))
-    events.sort()
-    if not events:
-        return []
-    base = events[0][1] - events[0][2]
-    return [total - base for _time, total, _size in events]
-
-
-def allocator_levels_by_op(prof: Any) -> list[tuple[str, int]]:
-    """For each top-level aten op a ``torch.profiler.profile(profile_memory=True)``
-    run recorded, in time order: its name and the most bytes allocated
-    (above the level at profiling start, as `allocator_totals`) while it
-    ran, frees since the op before it included. An eager graph runs one op
-    per node, so this lines up with a simulated timeline node by node
-    (``bench/bench_step_timeline.py``)."""
-    from torch._C._profiler import _EventType
-
-    allocations: list[tuple[int, int, int]] = []
-    ops: list[Any] = []
-    stack = [(node, False) for node in prof.profiler.kineto_results.experimental_event_tree()]
-    while stack:
-        node, inside_op = stack.pop()
-        if node.tag == _EventType.Allocation:
-            fields = node.extra_fields
-            allocations.append((node.start_time_ns, fields.total_allocated, fields.alloc_size))
-        elif node.tag == _EventType.TorchOp and not inside_op and node.name.startswith("aten::"):
-            ops.append(node)
-            inside_op = True
-        stack.extend((child, inside_op) for child in node.children)
-    if not allocations:
-        return [(op.name, 0) for op in sorted(ops, key=lambda o: o.start_time_ns)]
-    allocations.sort()
-    base = allocations[0][1] - allocations[0][2]
-    levels, level, i = [], 0, 0
-    for op in sorted(ops, key=lambda o: o.start_time_ns):
-        while i < len(allocations) and allocations[i][0] < op.start_time_ns:
-            level = allocations[i][1] - base
-            i += 1
-        most = level
-        while i < len(allocations) and allocations[i][0] <= op.end_time_ns:
-            level = allocations[i][1] - base
-            most = max(most, level)
-            i += 1
-        levels.append((op.name, most))
-    return levels
-
-
-def record_cuda_memory_history(enabled: bool, max_entries: int = 200_000) -> None:
-    """Starts (or stops) recording every CUDA allocation and free with its
-    Python stack (``torch.cuda.memory._record_memory_history``): an
-    Inductor buffer's stack ends at the line of its generated wrapper code
-    that allocates it, which names the buffer."""
-    if enabled:
-        torch.cuda.memory._record_memory_history(
-            enabled="all", context="all", stacks="python", max_entries=max_entries
-        )
-    else:
-        torch.cuda.memory._record_memory_history(enabled=None)
-
-
-def cuda_memory_snapshot() -> dict[str, Any]:
-    """The allocator's segments and the recorded trace
-    (``torch.cuda.memory._snapshot``; pickle it for pytorch.org/memory_viz)."""
-    return torch.cuda.memory._snapshot()
-
-
-# --------------------------------------------------------------------------
 # making Inductor write a value once
 # --------------------------------------------------------------------------
 
@@ -774,56 +681,6 @@ def pinned_target(node: fx.Node) -> Any:
         return None
     calls = [n for n in subgraph.graph.nodes if n.op == "call_function"]
     return calls[0].target if len(calls) == 1 else None
-
-
-def dist_ready() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
-
-
-def resolve_group(group_name: str) -> Any:
-    """The ProcessGroup a functional collective names (None if unknown)."""
-    if not dist_ready():
-        return None
-    try:
-        from torch.distributed.distributed_c10d import _resolve_process_group
-
-        return _resolve_process_group(group_name)
-    except Exception:
-        return None
-
-
-def group_size(group_name: str, default: int = 1) -> int:
-    group = resolve_group(group_name)
-    return int(group.size()) if group is not None else default
-
-
-def group_ranks(group_name: str) -> list[int]:
-    """Global ranks of a named group ([] when distributed is not set up)."""
-    import torch.distributed as dist
-
-    group = resolve_group(group_name)
-    return list(dist.get_process_group_ranks(group)) if group is not None else []
-
-
-def group_backend(group_name: str) -> str | None:
-    import torch.distributed as dist
-
-    group = resolve_group(group_name)
-    if group is None:
-        return None
-    try:
-        return str(dist.get_backend(group))
-    except Exception:
-        return None
-
-
-def default_store() -> Any:
-    """The c10d key-value store of the default process group."""
-    from torch.distributed.distributed_c10d import _get_default_store
-
-    return _get_default_store()
 
 
 def is_fake(tensor: torch.Tensor) -> bool:

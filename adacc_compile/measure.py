@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from adacc_compile import compat
+from adacc_compile import compat_memory
 
 
 def measure_peak_bytes(step: Callable[[], Any], device: str | torch.device = "cpu") -> int:
@@ -35,7 +35,7 @@ def measure_peak_bytes(step: Callable[[], Any], device: str | torch.device = "cp
         return torch.cuda.max_memory_allocated(device) - base
     if device.type != "cpu":
         raise ValueError(f"measure_peak_bytes supports cpu and cuda devices, not {device}")
-    totals = compat.allocator_totals(profile_memory_of(step))
+    totals = compat_memory.allocator_totals(profile_memory_of(step))
     return max([0, *totals])
 
 
@@ -51,8 +51,8 @@ def second_step_peak_bytes(model: torch.nn.Module, step: Callable[[], Any]) -> i
 
 def profile_memory_of(step: Callable[[], Any]) -> Any:
     """A CPU ``torch.profiler`` run of ``step()`` that records every
-    allocation and free (`compat.allocator_totals` and
-    `compat.allocator_levels_by_op` read it)."""
+    allocation and free (`compat_memory.allocator_totals` and
+    `compat_memory.allocator_levels_by_op` read it)."""
     from torch.profiler import ProfilerActivity, profile
 
     # Garbage of earlier work (a model compiled before, its cyclic graphs)

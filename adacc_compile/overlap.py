@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from adacc_compile import compat
+from adacc_compile import compat_distributed
 from adacc_compile.passes.comm_model import LinkProfile, calibrate_link, default_link, link_by_name
 from adacc_compile.passes.schedule import recomputes_in_windows, schedule_recompute
 from adacc_compile.passes.windows import (
@@ -81,10 +81,10 @@ def windows_stage(state: "PartitionState") -> None:
     order = [n for n in state.joint.graph.nodes if n.op == "call_function" and n in state.info.backward_nodes]
     if any(issue_kind(n) is not None for n in order):
         overlap.link = resolve_link(state.config.comm_profile, overlap.groups)
-        overlap.windows = find_windows(order, overlap.link, group_size=compat.group_size)
+        overlap.windows = find_windows(order, overlap.link, group_size=compat_distributed.group_size)
         first_use = first_backward_use(order, [c.name for c in problem.candidates])
         problem = attach_windows(problem, overlap.windows, first_use)
-    if overlap.groups and compat.dist_ready():
+    if overlap.groups and compat_distributed.dist_ready():
         # Measured costs differ between ranks: all plan the lowest rank's problem.
         problem = share_problem(problem, overlap.groups, state.config.plan_check_timeout_s)
     state.candidates = dataclasses.replace(state.candidates, problem=problem)
@@ -141,7 +141,7 @@ def agree_stage(state: "PartitionState") -> None:
     overlap.plan_canonical, overlap.plan_hash = plan_fingerprint(
         state.candidates.problem, state.solution, overlap.placed, [state.fw_module, state.bw_module]
     )
-    if overlap.groups and compat.dist_ready():
+    if overlap.groups and compat_distributed.dist_ready():
         try:
             overlap.checked_ranks = check_agreement(
                 overlap.plan_hash, overlap.groups, state.config.plan_check_timeout_s
@@ -161,11 +161,11 @@ def agree_stage(state: "PartitionState") -> None:
 def resolve_link(name: str, groups: tuple[str, ...]) -> LinkProfile:
     key = name.lower()
     if key == "auto":
-        return default_link(compat.group_backend(groups[0]) if groups else None)
+        return default_link(compat_distributed.group_backend(groups[0]) if groups else None)
     if key == "calibrate":
-        if not groups or compat.resolve_group(groups[0]) is None:
+        if not groups or compat_distributed.resolve_group(groups[0]) is None:
             return default_link(None)
-        return _calibrated_link(groups[0], compat.group_size(groups[0]), compat.group_backend(groups[0]))
+        return _calibrated_link(groups[0], compat_distributed.group_size(groups[0]), compat_distributed.group_backend(groups[0]))
     return link_by_name(key)
 
 
@@ -174,7 +174,7 @@ def _calibrated_link(group_name: str, _size: int, _backend: str | None) -> LinkP
     """Measured once per process and group (a collective on every rank of it,
     reached by all ranks at the same compile), so that recompiles plan with
     the same numbers."""
-    return calibrate_link(compat.resolve_group(group_name))
+    return calibrate_link(compat_distributed.resolve_group(group_name))
 
 
 def _alive_across_peak(module: Any, timeline: Any, placed: dict[str, str], *, step: bool = False) -> set[str]:

@@ -32,7 +32,7 @@ import torch.fx as fx
 
 import dataclasses
 
-from adacc_compile import compat
+from adacc_compile import compat, compat_distributed
 from adacc_compile.passes.plan_problem import (
     AuxBound,
     Candidate,
@@ -89,7 +89,7 @@ def share_problem(problem: PlanProblem, groups: Iterable[str], timeout_s: float)
     ranks = _peer_ranks(groups)
     if len(ranks) < 2:
         return problem
-    store, me, lowest = compat.default_store(), _rank(), ranks[0]
+    store, me, lowest = compat_distributed.default_store(), _rank(), ranks[0]
     base = f"{_PREFIX}/problem/{'-'.join(map(str, ranks))}"
     sequence = int(store.add(f"{base}/count/{me}", 1))
     key = f"{base}/{sequence}"
@@ -151,9 +151,9 @@ def check_agreement(plan_hash: str, groups: Iterable[str], timeout_s: float) -> 
     ranks = _peer_ranks(groups)
     if len(ranks) < 2:
         return tuple(ranks)
-    store, me = compat.default_store(), _rank()
+    store, me = compat_distributed.default_store(), _rank()
     for group in groups:
-        peers = compat.group_ranks(group)
+        peers = compat_distributed.group_ranks(group)
         if me not in peers or len(peers) < 2:
             continue
         base = f"{_PREFIX}/plan_hash/{group}"
@@ -193,11 +193,11 @@ def _rank() -> int:
 
 
 def _peer_ranks(groups: Iterable[str]) -> list[int]:
-    if not compat.dist_ready():
+    if not compat_distributed.dist_ready():
         return []
     ranks: set[int] = set()
     for group in groups:
-        ranks.update(compat.group_ranks(group))
+        ranks.update(compat_distributed.group_ranks(group))
     return sorted(ranks)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import pickle
 from typing import Callable, TypeVar
 
-from adacc_compile import compat
+from adacc_compile import compat, compat_distributed
 from adacc_compile.passes.calibrate import Calibration, not_calibrated
 
 T = TypeVar("T")
@@ -37,7 +37,7 @@ def distributed() -> bool:
     """More than one rank: rank 0's measurements are shared."""
     import torch.distributed as dist
 
-    return compat.dist_ready() and dist.get_world_size() > 1
+    return compat_distributed.dist_ready() and dist.get_world_size() > 1
 
 
 def from_rank_zero(kind: str, measure: Callable[[], T], timeout_s: float) -> T:
@@ -48,7 +48,7 @@ def from_rank_zero(kind: str, measure: Callable[[], T], timeout_s: float) -> T:
 
     from adacc_compile.plan_agreement import wait_for_keys
 
-    store, me = compat.default_store(), dist.get_rank()
+    store, me = compat_distributed.default_store(), dist.get_rank()
     sequence = int(store.add(f"{_PREFIX}/{kind}/count/{me}", 1))
     key = f"{_PREFIX}/{kind}/{sequence}"
     if me == 0:

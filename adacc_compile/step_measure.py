@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from adacc_compile import compat
+from adacc_compile import compat_memory
 from adacc_compile.measure import native_stderr_silenced
 
 OVER_TOLERANCE = 0.02
@@ -96,7 +96,7 @@ class StepPeakProbe:
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
         if device is None or device.type not in ("cpu", "cuda"):
             return None
-        if device.type == "cpu" and compat.profiler_active():
+        if device.type == "cpu" and compat_memory.profiler_active():
             return None
         return StepPeakProbe(device)
 
@@ -120,7 +120,7 @@ class StepPeakProbe:
 
     def backward_starts(self) -> None:
         """Inside the backward, before this graph's backward runs."""
-        if self.device.type == "cpu" and not compat.profiler_active():
+        if self.device.type == "cpu" and not compat_memory.profiler_active():
             self._profiler = _start_profiler()
 
     def stop(self) -> int | None:
@@ -149,7 +149,7 @@ def _start_profiler() -> Any:
 def _stop_profiler(profiler: Any) -> list[int]:
     with native_stderr_silenced():
         profiler.stop()
-    return compat.allocator_totals(profiler)
+    return compat_memory.allocator_totals(profiler)
 
 
 def measured_call(

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adacc_compile import compat
+from adacc_compile import compat_memory
 from adacc_compile.measure import profile_memory_of
 
 _NODE = re.compile(r"^\s*(\w+)(?::[^=]*)? = torch\.ops\.aten\.(\w+)\.")
@@ -89,7 +89,7 @@ def measured_levels(model: torch.nn.Module, step) -> list[tuple[str, int]]:
     step's gradients freed before the window."""
     step()
     model.zero_grad(set_to_none=True)
-    return compat.allocator_levels_by_op(profile_memory_of(step))
+    return compat_memory.allocator_levels_by_op(profile_memory_of(step))
 
 
 def _graph_ops(source: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ no checkpointing and adacc lossless at ``--budget`` and, for one training
 step after warm-up, writes under ``--out`` (default: env ``OUT``):
 
     <model>_<variant>.pickle     the CUDA allocator's trace of that step with
-                                 Python stacks (`compat.cuda_memory_snapshot`;
+                                 Python stacks (`compat_memory.cuda_memory_snapshot`;
                                  opens in pytorch.org/memory_viz); each
                                  Inductor buffer's stack ends at the line of
                                  the generated wrapper that allocates it
@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 import gpu_check
-from adacc_compile import compat
+from adacc_compile import compat, compat_memory
 from adacc_compile.config import AdaccConfig
 from adacc_compile.partitioner import AdaccPartitioner
 
@@ -91,11 +91,11 @@ def probe(
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
-        compat.record_cuda_memory_history(True)
+        compat_memory.record_cuda_memory_history(True)
         fn(*batches[0]).backward()
         torch.cuda.synchronize(device)
-        snapshot = compat.cuda_memory_snapshot()
-        compat.record_cuda_memory_history(False)
+        snapshot = compat_memory.cuda_memory_snapshot()
+        compat_memory.record_cuda_memory_history(False)
         record["measured_peak_bytes"] = torch.cuda.max_memory_allocated(device) - base
         record["base_bytes"] = base
         with open(out / f"{model_name}_{variant.replace(' ', '_')}.pickle", "wb") as handle:

@@ -9,7 +9,7 @@ import pickle
 import torch
 import torch.distributed as dist
 
-from adacc_compile import compat, plan_agreement, rank_zero
+from adacc_compile import compat, compat_distributed, plan_agreement, rank_zero
 
 
 class _Store:
@@ -32,7 +32,7 @@ def test_rank_zeros_tensors_arrive_real_under_a_fake_mode(monkeypatch):
     store = _Store()
     published = {"parameters": torch.arange(4, dtype=torch.int32)}
     store.set("adacc/rank0/calibration/1", pickle.dumps(published))
-    monkeypatch.setattr(compat, "default_store", lambda: store)
+    monkeypatch.setattr(compat_distributed, "default_store", lambda: store)
     monkeypatch.setattr(dist, "get_rank", lambda: 1)
     monkeypatch.setattr(plan_agreement, "wait_for_keys", lambda *args: None)
     with compat.fake_tensors():

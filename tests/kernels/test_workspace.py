@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from adacc_compile import compat
+from adacc_compile import compat_memory
 from adacc_compile.kernels import available_codecs, get_codec
 
 SHAPES = [(1024, 1024), (300, 77), (8, 4096), (4097,)]
@@ -27,7 +27,7 @@ SLACK = 64 * 1024
 def _transient_nbytes(fn, *args) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = fn(*args)
-    totals = compat.allocator_totals(prof)
+    totals = compat_memory.allocator_totals(prof)
     outputs = out if isinstance(out, (list, tuple)) else [out]
     kept = sum(t.untyped_storage().nbytes() for t in outputs)
     return max(max(totals, default=0) - kept, 0)
