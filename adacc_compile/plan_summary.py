@@ -41,7 +41,7 @@ def largest_batch_estimates(strategies: list[Strategy], budget: int, batch: int,
 
     out = {x.name: estimate(bounded_peak(x, scope)) for x in strategies}
     full_ac = next((x for x in strategies if x.name.startswith("full AC")), None)
-    if full_ac is not None and strategies:
+    if full_ac is not None:
         out[strategies[0].name] = max(out[strategies[0].name], out[full_ac.name])
     return out
 

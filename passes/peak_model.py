@@ -83,6 +83,7 @@ variables) at every position from the block's forward to its backward
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -133,16 +134,13 @@ def segment_positions(layers: tuple[str, ...], coarse: frozenset[str], limit: in
     5,078,528 by the exact rows)."""
     owner = list(layers)
     start = 0
-    while start < len(owner):
-        end = start
-        while end < len(owner) and layers[end] == "":
-            end += 1
-        if end > start:
-            before = layers[start - 1] if start > 0 else None
-            after = layers[end] if end < len(layers) else None
-            if before is not None and before == after and before in coarse:
+    for layer, run in itertools.groupby(layers):
+        end = start + len(list(run))
+        if layer == "" and 0 < start and end < len(layers):
+            before, after = layers[start - 1], layers[end]
+            if before == after and before in coarse:
                 owner[start:end] = [before] * (end - start)
-        start = max(end, start + 1)
+        start = end
     runs = sum(1 for i, layer in enumerate(owner) if layer in coarse and (i == 0 or owner[i - 1] != layer))
     fine = sum(1 for layer in owner if layer not in coarse)
     width = max(1, -(-fine // max(limit - runs, 1)))
