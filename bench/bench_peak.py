@@ -114,16 +114,18 @@ def variants(budgets, torch_budgets) -> list[Variant]:
     return out
 
 
-def step_budget_round(model, batches, full_ac_peak: int, repeats: int):
+def step_budget_round(model, batches, full_ac_peak: int, repeats: int, *, caches: bool = False):
     """Full AC and adacc with ``budget_scope="step"`` at full AC's measured
     peak, in one run: the budget a user with that much memory would give.
     With graph breaks the earlier graphs re-plan in the warm-up step
-    (README, *Graph breaks*), so the peak is measured from the third step."""
+    (docs/budget.md, *Graph breaks*), so the peak is measured from the third step."""
     step = Variant(
         name=f"adacc step budget {full_ac_peak / 2**20:.1f} MiB (full AC's peak)", kind="adacc",
         options={"memory_budget": int(full_ac_peak), "budget_scope": "step"},
     )
-    return run_variants(model, batches, [Variant(name="full AC", kind="full_ac"), step], timing_repeats=repeats)
+    return run_variants(
+        model, batches, [Variant(name="full AC", kind="full_ac"), step], timing_repeats=repeats, caches=caches
+    )
 
 
 def step_budget_lines(results) -> list[str]:
@@ -215,10 +217,22 @@ def main(argv=None) -> int:
         "--step-budget", action="store_true",
         help="also run adacc with budget_scope='step' at full AC's measured peak, beside full AC (a second round)",
     )
+    parser.add_argument(
+        "--caches", choices=("on", "off"), default="on",
+        help="torch's compile caches: 'on' leaves them as torch sets them (its default, what users run), "
+             "'off' compiles every strategy from nothing",
+    )
     args = parser.parse_args(argv)
     import torch._inductor.config as inductor_config
 
-    sections, raw, text = [], {}, []
+    caches = args.caches == "on"
+
+    command = f"python bench/bench_peak.py {' '.join(sys.argv[1:] if argv is None else argv)}"
+    sections, text = [], []
+    raw: dict = {"meta": {
+        "date": str(datetime.date.today()), "command": command, "device": f"{platform.machine()} CPU",
+        "cpus": os.cpu_count(), "torch": torch.__version__, "caches": args.caches, "titles": {},
+    }}
     for name in args.models:
         if name == "hf_gpt2":
             try:
@@ -228,29 +242,36 @@ def main(argv=None) -> int:
                 continue
         model, batches, title = workload(name, args.steps)
         with inductor_config.patch(fallback_random=True):
-            results = run_variants(model, batches, variants(args.budgets, args.torch_budgets), timing_repeats=args.repeats)
+            results = run_variants(
+                model, batches, variants(args.budgets, args.torch_budgets), timing_repeats=args.repeats, caches=caches
+            )
         lines = headlines(results)
         if args.step_budget:
             full_ac = next(r for r in results if r.name == "full AC")
             with inductor_config.patch(fallback_random=True):
-                step_round = step_budget_round(model, batches, full_ac.peak_bytes, args.repeats)
+                step_round = step_budget_round(model, batches, full_ac.peak_bytes, args.repeats, caches=caches)
             lines += step_budget_lines(step_round)
-            results = results + [step_round[1]]
-        sections.append((title, results))
-        block = f"### {title}\n\n" + table(results, "no checkpointing") + "\n\n" + "\n".join(
+        else:
+            step_round = []
+        shown = results + step_round[1:]
+        sections.append((title, shown))
+        raw["meta"]["titles"][name] = title
+        block = f"### {title}\n\n" + table(shown, "no checkpointing") + "\n\n" + "\n".join(
             f"- {line}" for line in lines
         )
         text.append(block)
         print(block, flush=True)
+        # Each strategy with the round it ran in: the step-budget round's
+        # adacc is compared with the full AC it was interleaved with.
         raw[name] = [
-            {"name": r.name, "peak_bytes": r.peak_bytes, "step_seconds": r.step_seconds, "losses": r.losses,
-             "compile_seconds": r.compile_seconds, "planning_seconds": r.planning_seconds,
+            {"name": r.name, "round": round_, "peak_bytes": r.peak_bytes, "step_seconds": r.step_seconds,
+             "losses": r.losses, "compile_seconds": r.compile_seconds, "planning_seconds": r.planning_seconds,
              "summaries": [x["summary"] for x in r.reports]}
-            for r in results
+            for round_, group in ((1, results), (2, step_round)) for r in group
         ]
     header = (
         f"## Budget sweep under Inductor — {datetime.date.today()} — {platform.machine()} CPU, {os.cpu_count()} cores, "
-        f"torch {torch.__version__}\n\nCommand: `python bench/bench_peak.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n"
+        f"torch {torch.__version__}, compile caches {args.caches}\n\nCommand: `{command}`\n"
     )
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

@@ -210,6 +210,7 @@ def run_variants(
     kernel_profile_steps: int = 0,
     measuring: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     keep_going: bool = False,
+    caches: bool = False,
 ) -> list[VariantResult]:
     """Trains every variant on ``batches`` (one step each, first step
     compiles), then measures peak memory and interleaved step times.
@@ -224,9 +225,13 @@ def run_variants(
     a lock that keeps other processes off a shared GPU while this one
     measures); compiling runs outside it. ``keep_going=True`` records a
     variant that raises in ``VariantResult.error`` and goes on with the
-    others, for runs too costly to repeat (a borrowed GPU)."""
+    others, for runs too costly to repeat (a borrowed GPU).
+
+    ``caches=True`` leaves torch's compile caches (FX graph and AOTAutograd
+    caches) as torch sets them, on by default: what a user's run does. Off,
+    every variant compiles from nothing, so compile times compare."""
     measuring = measuring or contextlib.nullcontext
-    with _no_caches(), _each_variant_compiled_once(len(variants)):
+    with contextlib.nullcontext() if caches else _no_caches(), _each_variant_compiled_once(len(variants)):
         runners = [_make_runner(v, base_model, lr) for v in variants]
         live = list(runners)
 
