@@ -11,7 +11,7 @@
               the peer ranks' hashes (clear error on mismatch, never a hang)
 
 Each is ``stage(state) -> None`` over `PartitionState`, like the others in
-`adacc_compile.pipeline`; what they produce lives in one `OverlapState`
+`adacc_compile.stage_runner`; what they produce lives in one `OverlapState`
 under ``state.overlap``. Graphs without backward collectives pass through
 untouched (their plan hash is still computed).
 """

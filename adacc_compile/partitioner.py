@@ -3,7 +3,7 @@ joint graph into forward and backward.
 
 It is Inductor's ``custom_partitioner_fn`` for ``backend="adacc"`` and the
 ``partition_fn`` of AOTAutograd for ``backend="adacc_eager"``. All the work
-is the pipeline (`adacc_compile.pipeline`); this class only adapts the
+is the pipeline (`adacc_compile.stage_runner`); this class only adapts the
 calling conventions and provides ``uuid()`` for Inductor's FX graph cache.
 """
 
@@ -26,7 +26,7 @@ from adacc_compile.passes.codec_options import allowed_codecs
 from adacc_compile.passes.compress_rewrite import replaced_ops
 from adacc_compile.passes.device_profile import profile_by_name
 from adacc_compile.passes.fusion import PLACED, Realization, mark_placed
-from adacc_compile.pipeline import run_pipeline
+from adacc_compile.stage_runner import run_pipeline
 from adacc_compile.report import write_summary
 from adacc_compile.step_measure import Correction
 from adacc_compile.step_ledger import LEDGER, Holding, StepBudgetGraph, ask_earlier_graphs_for_room, tracked

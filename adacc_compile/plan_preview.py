@@ -55,7 +55,7 @@ from adacc_compile.passes.plan_problem import (
 )
 from adacc_compile.passes.policies import recompute_all_policy
 from adacc_compile.passes.rewrite import saved_values_for, split_joint_graph
-from adacc_compile.pipeline import run_pipeline
+from adacc_compile.stage_runner import run_pipeline
 from adacc_compile.state import PartitionState
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

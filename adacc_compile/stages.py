@@ -1,6 +1,6 @@
 """The pipeline's stages: each ``stage(state) -> None`` reads and fills
 fields of `PartitionState`; the work is in `adacc_compile.passes`. The order
-and the runner are in `adacc_compile.pipeline`."""
+and the runner are in `adacc_compile.stage_runner`."""
 
 from __future__ import annotations
 

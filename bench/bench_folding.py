@@ -43,7 +43,7 @@ from adacc_compile.passes.budget import modelled_peak  # noqa: E402
 from adacc_compile.passes.fusion import Realization  # noqa: E402
 from adacc_compile.passes.milp import SolverOptions, solve_milp  # noqa: E402
 from adacc_compile.passes.plan_problem import PlanProblem, PlanSolution, added_seconds  # noqa: E402
-from adacc_compile.pipeline import run_pipeline  # noqa: E402
+from adacc_compile.stage_runner import run_pipeline  # noqa: E402
 from adacc_compile.state import PartitionState  # noqa: E402
 
 

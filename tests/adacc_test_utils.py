@@ -30,7 +30,7 @@ def compile_capturing(model: torch.nn.Module, options: dict[str, Any], *, eager:
     backend's: eager without fusion, Inductor with)."""
     from adacc_compile import compat
     from adacc_compile.passes.fusion import Realization
-    from adacc_compile.pipeline import run_pipeline
+    from adacc_compile.stage_runner import run_pipeline
     from adacc_compile.state import PartitionState
 
     config = AdaccConfig.from_options(options)

@@ -25,7 +25,7 @@ from adacc_compile import compat
 from adacc_compile.config import AdaccConfig
 from adacc_compile.passes.annotate import annotation
 from adacc_compile.passes.fusion import Realization
-from adacc_compile.pipeline import run_pipeline
+from adacc_compile.stage_runner import run_pipeline
 from adacc_compile.state import PartitionState
 
 

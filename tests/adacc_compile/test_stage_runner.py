@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from adacc_compile.passes.plan_timing import PlanTiming
-from adacc_compile import pipeline
+from adacc_compile import stage_runner
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def recorded(monkeypatch):
     def stage(name):
         return lambda state: calls.append((name, gc.isenabled()))
 
-    monkeypatch.setattr(pipeline, "STAGES", tuple((n, stage(n)) for n in ("first", "calibrate", "last")))
+    monkeypatch.setattr(stage_runner, "STAGES", tuple((n, stage(n)) for n in ("first", "calibrate", "last")))
     return calls
 
 
@@ -29,7 +29,7 @@ def test_stages_run_with_the_collector_paused_and_its_state_restored(recorded, e
     try:
         (gc.enable if enabled else gc.disable)()
         state = SimpleNamespace(stage_seconds={}, plan_timing=PlanTiming())
-        pipeline.run_pipeline(state)
+        stage_runner.run_pipeline(state)
         assert recorded == [("first", False), ("calibrate", False), ("last", False)]
         assert gc.isenabled() is enabled
         assert set(state.stage_seconds) == {"first", "calibrate", "last"}
@@ -41,17 +41,17 @@ def test_collector_restored_when_a_stage_raises(monkeypatch):
     def broken(state):
         raise RuntimeError("stage failed")
 
-    monkeypatch.setattr(pipeline, "STAGES", (("broken", broken),))
+    monkeypatch.setattr(stage_runner, "STAGES", (("broken", broken),))
     assert gc.isenabled()
     with pytest.raises(RuntimeError, match="stage failed"):
-        pipeline.run_pipeline(SimpleNamespace(stage_seconds={}, plan_timing=PlanTiming()))
+        stage_runner.run_pipeline(SimpleNamespace(stage_seconds={}, plan_timing=PlanTiming()))
     assert gc.isenabled()
 
 
 def test_parts_and_skips(recorded):
-    pipeline.run_pipeline(SimpleNamespace(stage_seconds={}, plan_timing=PlanTiming()), after="first", skip=frozenset({"calibrate"}))
+    stage_runner.run_pipeline(SimpleNamespace(stage_seconds={}, plan_timing=PlanTiming()), after="first", skip=frozenset({"calibrate"}))
     assert [name for name, _ in recorded] == ["last"]
     with pytest.raises(ValueError, match="cannot skip"):
-        pipeline.run_pipeline(SimpleNamespace(stage_seconds={}, plan_timing=PlanTiming()), skip=frozenset({"first"}))
+        stage_runner.run_pipeline(SimpleNamespace(stage_seconds={}, plan_timing=PlanTiming()), skip=frozenset({"first"}))
     with pytest.raises(ValueError, match="no stage"):
-        pipeline.run_pipeline(SimpleNamespace(stage_seconds={}, plan_timing=PlanTiming()), until="nowhere")
+        stage_runner.run_pipeline(SimpleNamespace(stage_seconds={}, plan_timing=PlanTiming()), until="nowhere")

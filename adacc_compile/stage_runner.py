@@ -1,4 +1,5 @@
-"""The adacc pipeline: ordered stages over one joint graph, and their runner.
+"""The partitioner's stages in order over one joint graph, and their runner
+(not pipeline parallelism: that is `adacc_compile.pipelining`).
 
     prepare     PyTorch's own joint-graph clean-ups (dead code, must-save tags)
     classify    which nodes are forward and which backward
