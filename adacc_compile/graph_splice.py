@@ -3,7 +3,7 @@
 Why one helper: two rewrites insert small traced aten graphs into the
 graph they rewrite, the codecs' compress and decompress forms
 (`passes.compress_rewrite`) and the decompositions of ops Inductor would
-otherwise run whole (`compat.decompose_whole_ops`). Both bind the traced
+otherwise run whole (`compat_inductor.decompose_whole_ops`). Both bind the traced
 graph's placeholders to existing nodes, copy its calls in order with their
 fake values, and read its outputs.
 """

@@ -14,7 +14,7 @@ MODEL is, in the order tried:
   ``mistral``, ...): that config class's defaults.
 
 Models are built by `ModelSource.build`, which the caller runs under fake
-tensors (`compat.fake_tensors`) and the chosen default dtype, so a 7B model
+tensors (`compat_tracing.fake_tensors`) and the chosen default dtype, so a 7B model
 costs no memory. transformers is optional (the ``[hf]`` extra): only the
 routes that need it import it, and say so when it is missing.
 """

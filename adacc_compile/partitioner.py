@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from adacc_compile import compat, plan_records
+from adacc_compile import compat_inductor, plan_records
 from adacc_compile.config import AdaccConfig
 from adacc_compile.passes.codec_options import allowed_codecs
 from adacc_compile.passes.compress_rewrite import replaced_ops
@@ -89,7 +89,7 @@ def _warn_unchecked_habits(version: str) -> None:
         )
 
 
-class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
+class AdaccPartitioner(compat_inductor.custom_partitioner_base()):  # type: ignore[misc]
     """Plans saved activations for one joint graph under ``config``."""
 
     def __init__(self, config: AdaccConfig):
@@ -210,13 +210,13 @@ class AdaccPartitioner(compat.custom_partitioner_base()):  # type: ignore[misc]
         self.graph_index = graph_index
         planned = len(self.reports)
         if eager:
-            compiled = compat.eager_aot_compile(gm, example_inputs, self)
+            compiled = compat_inductor.eager_aot_compile(gm, example_inputs, self)
         else:
             _warn_unchecked_habits(torch.__version__)
             patches: dict[str, Any] = {"custom_partitioner_fn": self}
             if not self.config.inductor_buffer_reuse:  # frees at last use, as the plan's model does
                 patches["allow_buffer_reuse"] = False
-            compiled = compat.inductor_compile(
+            compiled = compat_inductor.inductor_compile(
                 gm, example_inputs, patches, pinned_meta_key=PLACED, whole_ops=self.whole_ops()
             )
         if len(self.reports) == planned:  # no backward: nothing held

@@ -32,7 +32,7 @@ import torch.fx as fx
 
 import dataclasses
 
-from adacc_compile import compat, compat_distributed
+from adacc_compile import compat_distributed, compat_inductor
 from adacc_compile.passes.plan_problem import (
     AuxBound,
     Candidate,
@@ -180,7 +180,7 @@ class _NoCodec:
 
 
 def _target(node: fx.Node) -> str:
-    pinned = compat.pinned_target(node)
+    pinned = compat_inductor.pinned_target(node)
     if pinned is not None:
         return f"pinned:{pinned}"
     return str(node.target) if node.op in ("call_function", "get_attr") else ""

@@ -3,8 +3,8 @@ pipeline on its joint graph, and put the plan next to what the usual
 strategies would hold on the same graph (``adacc plan``).
 
 Nothing is compiled or run: the model is built under fake tensors
-(`compat.fake_tensors`), Dynamo and AOTAutograd trace it to the joint graph
-``torch.compile`` would partition (`compat.capture_joint_graph`), and the
+(`compat_tracing.fake_tensors`), Dynamo and AOTAutograd trace it to the joint graph
+``torch.compile`` would partition (`compat_tracing.capture_joint_graph`), and the
 pipeline plans it with a built-in GPU profile as the cost model. Each
 baseline strategy is a set of saved values on that same graph, split into
 forward and backward by PyTorch's extractor and simulated by adacc's memory
@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.fx as fx
 
-from adacc_compile import compat
+from adacc_compile import compat, compat_tracing
 from adacc_compile.config import AdaccConfig
 from adacc_compile.forked import Forked
 from adacc_compile.model_source import ModelSource
@@ -70,7 +70,7 @@ class GraphBreakBeforeLoss(RuntimeError):
 class Traced:
     """One traced batch shape of a model."""
 
-    joint: compat.CapturedJoint
+    joint: compat_tracing.CapturedJoint
     batch: int
     seq: int
     parameter_bytes: int
@@ -162,7 +162,7 @@ def trace(
         source = source.with_layers(FOLD_TRACE_BLOCKS)
     start = time.perf_counter()
     previous = torch.get_default_dtype()
-    with compat.fake_tensors():
+    with compat_tracing.fake_tensors():
         torch.set_default_dtype(dtype)
         try:
             model = source.build()
@@ -171,8 +171,8 @@ def trace(
         ids = torch.zeros(batch, seq, dtype=torch.long)
         parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     with attention_as_on_a_gpu():
-        joint = compat.capture_joint_graph(model, (ids, ids), whole_ops=whole_ops)
-    if not compat.joint_outputs_scalar(joint):
+        joint = compat_tracing.capture_joint_graph(model, (ids, ids), whole_ops=whole_ops)
+    if not compat_tracing.joint_outputs_scalar(joint):
         raise GraphBreakBeforeLoss(
             f"{source.label}: Dynamo's first graph does not end in the loss (a graph break before it); "
             "adacc plan needs the step as one graph (TORCH_LOGS=graph_breaks shows where it breaks)"

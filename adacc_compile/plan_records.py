@@ -6,7 +6,7 @@ tensors Dynamo handed it (the model's parameters among them), weakly, so a
 record neither keeps a model alive nor matches another model that reuses a
 freed parameter's address. A graph planned again (a step budget's re-plan
 for room, an adaptive re-plan) replaces its record. Every compile plans,
-torch's compile caches on or off (`compat.inductor_compile`).
+torch's compile caches on or off (`compat_inductor.inductor_compile`).
 """
 
 from __future__ import annotations

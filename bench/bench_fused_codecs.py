@@ -95,7 +95,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from adacc_compile import compat
+from adacc_compile import compat_inductor
 from adacc_compile.kernels import Codec, DecompressKind, available_codecs, get_codec
 from adacc_compile.kernels.aten_graphs import byte_values
 
@@ -238,8 +238,8 @@ def compiled(fn: Callable[..., object], *args: torch.Tensor) -> Callable[[], obj
     to aten ops and compiled as the partitioner's graphs are (no Dynamo: one
     code object compiled for eight codecs would run into Dynamo's recompile
     limit and fall back to eager)."""
-    graph = compat.trace_aten(lambda *a: tuple(_flat(fn(*a))), list(args))
-    run = compat.inductor_compile_inference(graph, list(args))
+    graph = compat_inductor.trace_aten(lambda *a: tuple(_flat(fn(*a))), list(args))
+    run = compat_inductor.inductor_compile_inference(graph, list(args))
     return lambda: run(*args)
 
 

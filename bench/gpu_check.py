@@ -57,7 +57,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from adacc_compile import compat
+from adacc_compile import compat_inductor
 import _examples_path  # noqa: F401  (examples/ on sys.path)
 from adacc_examples.benchmarking import Variant, error_line, results_table, run_variants
 from adacc_compile.kernels import available_codecs, get_codec
@@ -318,8 +318,8 @@ def check_codec(name: str, shape: tuple[int, int], device: torch.device, inner: 
     reference = list(codec.compress_op(x))
     expected = codec.decompress_op(reference, dims, x.dtype)
     graphs = codec_graphs(codec, x)
-    compress = compat.inductor_compile_inference(graphs.compress, [x])
-    decompress = compat.inductor_compile_inference(graphs.decompress, reference)
+    compress = compat_inductor.inductor_compile_inference(graphs.compress, [x])
+    decompress = compat_inductor.inductor_compile_inference(graphs.decompress, reference)
     payload = list(compress(x))
     (restored,) = decompress(*reference)
     inductor_verdict = compare(name, "inductor", payload + [restored], reference + [expected], x)
@@ -370,7 +370,7 @@ def check_calibrated_codec(name: str, shape: tuple[int, int], device: torch.devi
     if parameters is None:
         return None
     graphs = codec_graphs(codec, x, parameters)
-    compress = compat.inductor_compile_inference(graphs.compress, [x, parameters])
+    compress = compat_inductor.inductor_compile_inference(graphs.compress, [x, parameters])
     payload = list(compress(x, parameters))
     reference = codec.aten_compress(x.cpu(), parameters.cpu())
     verdict = _verdict([same(g, w) for g, w in zip(payload, reference)])

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 import gpu_check
-from adacc_compile import compat, compat_memory
+from adacc_compile import compat_inductor, compat_memory
 from adacc_compile.config import AdaccConfig
 from adacc_compile.partitioner import AdaccPartitioner
 
@@ -137,10 +137,10 @@ def codec_code(names: list[str], device: torch.device, out: pathlib.Path) -> Non
         payload: list[torch.Tensor] = []
 
         def compile_and_run() -> None:
-            payload.extend(compat.inductor_compile_inference(graphs.compress, inputs)(*inputs))
-            compat.inductor_compile_inference(graphs.decompress, payload)(*payload)
+            payload.extend(compat_inductor.inductor_compile_inference(graphs.compress, inputs)(*inputs))
+            compat_inductor.inductor_compile_inference(graphs.decompress, payload)(*payload)
 
-        sources = compat.generated_code(compile_and_run)
+        sources = compat_inductor.generated_code(compile_and_run)
         (folder / f"{name}.py").write_text("\n\n# ---- next module ----\n\n".join(sources))
 
 

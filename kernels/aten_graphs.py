@@ -9,7 +9,7 @@ on GPU. The graph rewrite (`adacc_compile.passes.compress_rewrite`) splices
 these graphs into the forward and backward.
 
 The graphs come from `Codec.aten_compress` / `Codec.aten_decompress`
-traced on fake tensors (`compat.trace_aten`), so they depend on the value's
+traced on fake tensors (`compat_inductor.trace_aten`), so they depend on the value's
 shape, strides, dtype and device only: one trace serves every value alike
 (identical transformer blocks share it), and it is kept per fake mode (a
 graph's fake tensors belong to the mode it was traced under).
@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
-from adacc_compile import compat
+from adacc_compile import compat_inductor
 from adacc_compile.graph_splice import traced_outputs
 
 from .codec import Codec
@@ -75,7 +75,7 @@ def codec_graphs(codec: Codec, example: torch.Tensor, parameters: torch.Tensor |
         str(example.device),
         parameters is not None,
     )
-    mode = compat.ambient_fake_mode([example])
+    mode = compat_inductor.ambient_fake_mode([example])
     cache = _TRACED.setdefault(mode, {}) if mode is not None else {}
     if key not in cache:
         cache[key] = _trace(codec, example, parameters)
@@ -89,18 +89,18 @@ def _trace(codec: Codec, example: torch.Tensor, parameters: torch.Tensor | None)
         def compress(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
             return tuple(codec.aten_compress(x))
 
-        compress_gm = compat.trace_aten(compress, [example])
+        compress_gm = compat_inductor.trace_aten(compress, [example])
     else:
         def compress_with(x: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, ...]:
             return tuple(codec.aten_compress(x, p))
 
-        compress_gm = compat.trace_aten(compress_with, [example, parameters])
+        compress_gm = compat_inductor.trace_aten(compress_with, [example, parameters])
     payload = [node.meta["val"] for node in traced_outputs(compress_gm)]
 
     def decompress(*parts: torch.Tensor) -> tuple[torch.Tensor]:
         return (codec.aten_decompress(list(parts), shape, dtype),)
 
-    decompress_gm = compat.trace_aten(decompress, payload)
+    decompress_gm = compat_inductor.trace_aten(decompress, payload)
     for gm in (compress_gm, decompress_gm):
         constants = [n.target for n in gm.graph.nodes if n.op == "get_attr"]
         if constants:
@@ -127,11 +127,11 @@ def _trace(codec: Codec, example: torch.Tensor, parameters: torch.Tensor | None)
 
 def written(value: torch.Tensor) -> torch.Tensor:
     """``value``, which Inductor writes once to a buffer that its readers
-    load (`compat.realize_op`), instead of inlining its computation into
+    load (`compat_inductor.realize_op`), instead of inlining its computation into
     each of them: for a small per-channel factor read by a loop over every
     element, such as a reciprocal, that is one division per channel
     instead of one per element. ``value`` itself where the op is missing."""
-    op = compat.realize_op()
+    op = compat_inductor.realize_op()
     return value if op is None else op(value, list(value.stride()))
 
 

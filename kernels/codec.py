@@ -213,7 +213,7 @@ class Codec:
         table splits these ops into erf/exp products before a partitioner
         sees the joint graph, where no rewrite could find them again; so
         while the options allow such a codec the joint graph keeps them
-        whole (`partitioner.whole_ops`, `compat.inductor_compile`), where
+        whole (`partitioner.whole_ops`, `compat_inductor.inductor_compile`), where
         the memory model has been checked on them."""
         return None
 

@@ -55,7 +55,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from adacc_compile import compat
+from adacc_compile import compat, compat_inductor
 from adacc_compile.kernels import Codec, DecompressKind, get_codec
 from adacc_compile.kernels.aten_graphs import codec_graphs
 
@@ -154,8 +154,8 @@ def replaced_backward(codec: Codec, sample: torch.Tensor) -> Callable[[], object
     if codec.decompress_kind is not DecompressKind.DERIVATIVE:
         return None
     grad = sample_gradient(sample)
-    graph = compat.trace_aten(lambda g, x: (codec.replaced_backward(g, x),), [grad, sample])
-    run = compat.inductor_compile_inference(graph, [grad, sample])
+    graph = compat_inductor.trace_aten(lambda g, x: (codec.replaced_backward(g, x),), [grad, sample])
+    run = compat_inductor.inductor_compile_inference(graph, [grad, sample])
     return lambda: run(grad, sample)
 
 
@@ -169,23 +169,23 @@ def compiled_round_trip(codec: Codec, sample: torch.Tensor) -> RoundTrip:
     parameters = codec.calibration_parameters(sample)
     if parameters is None:
         graphs = codec_graphs(codec, sample)
-        compress = compat.inductor_compile_inference(graphs.compress, [sample])
+        compress = compat_inductor.inductor_compile_inference(graphs.compress, [sample])
         payload = tuple(codec.aten_compress(sample))
         run_compress = lambda x: tuple(compress(x))  # noqa: E731
     else:
         graphs = codec_graphs(codec, sample, parameters)
-        compress = compat.inductor_compile_inference(graphs.compress, [sample, parameters])
+        compress = compat_inductor.inductor_compile_inference(graphs.compress, [sample, parameters])
         payload = tuple(codec.aten_compress(sample, parameters))
         run_compress = lambda x: tuple(compress(x, parameters))  # noqa: E731
     if codec.decompress_kind is DecompressKind.DERIVATIVE:  # what the rewrite puts in the backward
         grad = sample_gradient(sample)
         shape, dtype = list(sample.shape), sample.dtype
-        restore = compat.trace_aten(
+        restore = compat_inductor.trace_aten(
             lambda g, *p: (g * codec.aten_decompress(list(p), shape, dtype),), [grad, *payload]
         )
-        product = compat.inductor_compile_inference(restore, [grad, *payload])
+        product = compat_inductor.inductor_compile_inference(restore, [grad, *payload])
         return run_compress, (lambda p: product(grad, *p)[0])
-    decompress = compat.inductor_compile_inference(graphs.decompress, list(payload))
+    decompress = compat_inductor.inductor_compile_inference(graphs.decompress, list(payload))
     return run_compress, (lambda p: decompress(*p)[0])  # graphs return tuples
 
 
@@ -257,8 +257,8 @@ def measure_seconds_per_element(
         except (TypeError, ValueError):
             return math.inf
         make = compiled_round_trip if form is GraphForm.ATEN else custom_op_round_trip
-        round_trip = compat.run_isolated(lambda: make(codec, sample))
-        replaced = compat.run_isolated(lambda: replaced_backward(codec, sample))
+        round_trip = compat_inductor.run_isolated(lambda: make(codec, sample))
+        replaced = compat_inductor.run_isolated(lambda: replaced_backward(codec, sample))
         timing = time_round_trip(round_trip, sample, replaced=replaced)
         return timing.seconds_per_element if bandwidth is None else timing.seconds_per_element_at(bandwidth)
 

@@ -12,7 +12,7 @@ For a compressed value ``v`` (codec ``c``):
 * forward: compress right after ``v``; its payload tensors replace ``v``
   among the saved outputs, so the full-precision ``v`` is freed after its
   last forward use. For Inductor (``realize=True``) ``v`` first passes
-  through `compat.realize_op`, which every forward reader then reads:
+  through `compat_inductor.realize_op`, which every forward reader then reads:
   Inductor writes ``v`` once, as it does for a saved ``v``, instead of
   recomputing its producer inside each of the codec's loops (measured: a
   GPT forward kernel ran a GELU's ``erf`` in three loops, the codec's
@@ -64,7 +64,7 @@ from typing import Any, Iterable, Literal, Mapping
 import torch
 import torch.fx as fx
 
-from adacc_compile import compat
+from adacc_compile import compat, compat_inductor
 from adacc_compile.kernels import Codec, DecompressKind, available_codecs, get_codec
 from adacc_compile.graph_splice import splice_graph
 from adacc_compile.kernels.aten_graphs import codec_graphs
@@ -153,11 +153,11 @@ def _splice_codec(
 
 
 def _written_once(graph: fx.Graph, value: fx.Node) -> fx.Node:
-    """``value`` through `compat.realize_op`, right after it, read by every
+    """``value`` through `compat_inductor.realize_op`, right after it, read by every
     forward reader of ``value`` but the graph output (outputs keep their
     aliasing as AOTAutograd recorded it); ``value`` itself where the op is
     missing or the strides are symbolic."""
-    op = compat.realize_op()
+    op = compat_inductor.realize_op()
     fake = value.meta["val"]
     stride = list(fake.stride())
     if op is None or not all(isinstance(s, int) for s in stride):
@@ -204,11 +204,11 @@ def _parameters_constant(
     gm: fx.GraphModule, value: fx.Node, measured: torch.Tensor, codec: Codec, *, value_name: str
 ) -> fx.Node:
     """``measured`` as a constant of ``gm`` on ``value``'s device, read
-    right before ``value`` (`compat.tensor_constant`); returns the node
+    right before ``value`` (`compat_inductor.tensor_constant`); returns the node
     that holds it."""
     with compat.real_tensors():  # the partitioner runs under AOTAutograd's fake mode
         tensor = measured.detach().to(value.meta["val"].device).contiguous()
-    node = compat.tensor_constant(gm, f"{value_name}_{codec.name}_parameters", tensor, before=value)
+    node = compat_inductor.tensor_constant(gm, f"{value_name}_{codec.name}_parameters", tensor, before=value)
     for n in (node, *node.all_input_nodes):
         n.meta[CODEC_NODE] = CodecNode(codec.name, value_name, "compress")
     return node

@@ -255,13 +255,13 @@ def compiled_pointwise(sample: torch.Tensor) -> Callable[[], object]:
     against: `codec_timing.copy_kernel`)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from adacc_compile import compat
+    from adacc_compile import compat_inductor
 
     def pointwise(x: torch.Tensor) -> tuple[torch.Tensor]:
         return (x * 2.0 + 1.0,)
 
     graph = make_fx(pointwise)(sample)
-    fn = compat.run_isolated(lambda: compat.inductor_compile_inference(graph, [sample]))
+    fn = compat_inductor.run_isolated(lambda: compat_inductor.inductor_compile_inference(graph, [sample]))
     return lambda: fn(sample)
 
 

@@ -42,7 +42,7 @@ The rules (`Realization`):
   scheduler; two Inductor
   behaviours it cannot follow, buffer reuse and fusing the backward's
   recomputations with far kernels, are turned off for adacc's graphs
-  (`compat.inductor_compile`, `mark_placed`). A third is left on because it
+  (`compat_inductor.inductor_compile`, `mark_placed`). A third is left on because it
   only lowers the real peak: Inductor's ``reorder_for_peak_memory`` runs a
   kernel earlier where that frees its input (a GPT attention's copy of V
   runs with those of Q and K when the QKV projection is not saved, 2 MiB
@@ -76,7 +76,7 @@ from typing import Iterable
 import torch
 import torch.fx as fx
 
-from adacc_compile import compat
+from adacc_compile import compat, compat_inductor
 
 from .annotate import META_KEY, annotation, input_bytes
 from .compress_rewrite import DECOMPRESSED
@@ -158,7 +158,7 @@ def absorbs_producer(node: fx.Node) -> bool:
     ``mm`` reads a buffer), as the SiLU backward's product feeding the
     gate projection's weight gradient is."""
     if node.op != "call_function" or is_realize_op(node):
-        return False  # `compat.realize_op` writes its input to a buffer
+        return False  # `compat_inductor.realize_op` writes its input to a buffer
     if is_view_op(node):
         return all(c.op != "output" and absorbs_producer(c) for c in node.users)
     tags = getattr(node.target, "tags", ())
@@ -281,7 +281,7 @@ def _computes_it_in_its_kernel(consumer: fx.Node, value: fx.Node) -> bool:
     computes, then the scatter into it: an outlier codec's decoded values,
     scattered into by the outliers, are one buffer); through views."""
     if consumer.op != "call_function" or is_realize_op(consumer):
-        return False  # `compat.realize_op` writes its input to a buffer
+        return False  # `compat_inductor.realize_op` writes its input to a buffer
     if is_view_op(consumer):
         return bool(consumer.users) and all(_computes_it_in_its_kernel(c, consumer) for c in consumer.users)
     if op_name(consumer) in _SCATTERS_INTO_A_COPY and consumer.args and consumer.args[0] is value:
@@ -372,7 +372,7 @@ def _loop_size(node: fx.Node) -> int | None:
 
 def realised_by_lowering(node: fx.Node, consumers: list[fx.Node], mode: Realization, memo: dict) -> bool:
     """Inductor's lowering writes a fusible pointwise value to a buffer
-    anyway where inlining it would repeat too much (`compat.realize_thresholds`):
+    anyway where inlining it would repeat too much (`compat_inductor.realize_thresholds`):
     with more than one reader, when its inlined computation reads more
     than a few buffers or (CPU) holds an exponential, logarithm, sigmoid or
     tanh; with any number, when it reads very many. A LayerNorm backward's
@@ -381,7 +381,7 @@ def realised_by_lowering(node: fx.Node, consumers: list[fx.Node], mode: Realizat
     producers: Inductor writes it (measured: the 1 MiB a 2-layer GPT's
     step held above this model, before the rule)."""
     reads, ops = inlined_reads(node, mode, memo)
-    limits = compat.realize_thresholds(_device_type(node))
+    limits = compat_inductor.realize_thresholds(_device_type(node))
     readers = set(consumers)
     realised = (len(readers) > 1 and (len(reads) > limits.reuse_reads or bool(ops & limits.heavy_ops))) or (
         len(reads) > limits.accumulated_reads
@@ -472,7 +472,7 @@ def _device_type(node: fx.Node) -> str:
 
 PLACED = "adacc_placed"
 """Meta key on the backward nodes the plan placed (`mark_placed`): Inductor
-fuses them only with their neighbours (`compat.inductor_compile`)."""
+fuses them only with their neighbours (`compat_inductor.inductor_compile`)."""
 
 
 def mark_placed(bw_module: fx.GraphModule, forward_names: set[str]) -> None:

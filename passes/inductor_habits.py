@@ -3,7 +3,7 @@ code-generation rule of Inductor that adacc's prediction of a step's peak
 relies on, with the code that mirrors it.
 
 Why: the rules live where they are used (`fusion`, `memory_sim`,
-`lifetimes`, `early_placement`, `compress_rewrite`, `adacc_compile.compat`,
+`lifetimes`, `early_placement`, `compress_rewrite`, `adacc_compile.compat_inductor`,
 `adacc_compile.partitioner`), each with the measurement that put it there.
 Listed here, a reader can audit every mirrored rule in one place, and a new
 torch release is one place to check: `unchecked_on` names the habits nobody
@@ -150,7 +150,7 @@ HABITS: tuple[Habit, ...] = (
         "threshold with any number of readers (thresholds read from Inductor's config).",
         backends=_BOTH,
         mirrored_in=("passes.fusion.realised_by_lowering", "passes.fusion.inlined_reads",
-                     "compat.realize_thresholds", "compat.RealizeThresholds"),
+                     "compat_inductor.realize_thresholds", "compat_inductor.RealizeThresholds"),
         checked_on=_CHECKED,
         evidence="passes/fusion.py: a LayerNorm backward's input gradient reads seven buffers inlined and is "
         "written; the 1 MiB a 2-layer GPT's step held above the model before the rule (measured)",
@@ -160,7 +160,7 @@ HABITS: tuple[Habit, ...] = (
         rule="On CPU the lowering also writes a fusible value with several readers whose inlined computation "
         "holds an exponential, logarithm, sigmoid or tanh (not erf).",
         backends=_CPU,
-        mirrored_in=("compat.realize_thresholds", "passes.fusion.realised_by_lowering"),
+        mirrored_in=("compat_inductor.realize_thresholds", "passes.fusion.realised_by_lowering"),
         checked_on=_CHECKED,
         evidence="",
     ),
@@ -181,7 +181,7 @@ HABITS: tuple[Habit, ...] = (
         "buffer every reader loads; the model counts that buffer.",
         backends=_BOTH,
         mirrored_in=(
-            "compat.realize_op", "passes.compress_rewrite._written_once", "passes.op_class.is_realize_op",
+            "compat_inductor.realize_op", "passes.compress_rewrite._written_once", "passes.op_class.is_realize_op",
             "passes.lifetimes._written_bytes", "passes.plan_problem.Lifetime.written_bytes",
         ),
         checked_on=_CHECKED,
@@ -326,8 +326,8 @@ HABITS: tuple[Habit, ...] = (
         "keeps whole only those a planned few-bit codec replaces and the model was checked on whole "
         "(gelu_backward, not silu_backward), and decomposes what the plan leaves of them before lowering.",
         backends=_BOTH,
-        mirrored_in=("partitioner.MODELLED_WHOLE_OPS", "partitioner.whole_ops", "compat.decompose_whole_ops",
-                     "compat.inductor_compile"),
+        mirrored_in=("partitioner.MODELLED_WHOLE_OPS", "partitioner.whole_ops", "compat_inductor.decompose_whole_ops",
+                     "compat_inductor.inductor_compile"),
         checked_on=_CHECKED,
         evidence="bench/RESULTS.md: silu_backward kept whole, a 2-layer Llama's compress-only plan at 0.4 "
         "(d_model 256) measured 23.72 MiB against 23.06 predicted (25.97 / 25.97 with the op decomposed)",
@@ -350,7 +350,7 @@ HABITS: tuple[Habit, ...] = (
         "recomputation or a decompression, with its buffers, somewhere else; adacc turns this off for the "
         "nodes the plan placed, which fuse only with their neighbours.",
         backends=_BOTH,
-        mirrored_in=("compat._PinnedNodesStay", "compat.inductor_compile", "passes.fusion.mark_placed",
+        mirrored_in=("compat_inductor._PinnedNodesStay", "compat_inductor.inductor_compile", "passes.fusion.mark_placed",
                      "passes.fusion.PLACED"),
         checked_on=_CHECKED,
         evidence="bench/RESULTS.md: on a 2-layer Llama Inductor ran layer 0's recomputed RoPE with layer 1's; "

@@ -170,7 +170,7 @@ def candidate_lifetime(
 def _written_bytes(node: fx.Node, orders: Orders, mode: Realization) -> int:
     """Bytes Inductor writes for a value it would otherwise fuse away when
     a codec reads it (`compress_rewrite` passes a compressed value through
-    `compat.realize_op` first): the value's own bytes, or for a view those
+    `compat_inductor.realize_op` first): the value's own bytes, or for a view those
     of its base where no forward reader makes the base exist anyway."""
     if mode is not Realization.INDUCTOR or _output_of_multi(node) or _multi_output(node):
         return 0

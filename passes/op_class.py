@@ -107,7 +107,7 @@ def is_view_op(node: fx.Node) -> bool:
 
 
 REALIZE_OP = "prims.inductor_force_stride_order"
-"""`compat.realize_op`'s name: an alias of its input in eager, and under
+"""`compat_inductor.realize_op`'s name: an alias of its input in eager, and under
 Inductor the one buffer the input is written to (`fusion.absorbs_producer`)."""
 
 

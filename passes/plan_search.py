@@ -34,7 +34,7 @@ from typing import Iterable, Mapping
 import torch
 import torch.fx as fx
 
-from adacc_compile import compat
+from adacc_compile import compat, compat_inductor
 
 from .budget import BudgetResolution, clamp_to_minimum, lowest_peak_plan, modelled_peak
 from .candidates import CandidateSet
@@ -533,7 +533,7 @@ def _split(
         )
         if context.mode is Realization.INDUCTOR:  # what no few-bit codec replaced, as Inductor's table has it
             for module in (fw, bw):
-                compat.decompose_whole_ops(module, replaced_ops())
+                compat_inductor.decompose_whole_ops(module, replaced_ops())
     with plan_timing.timed("simulate"):
         timeline = context.simulate(fw, bw)
         if context.fold is not None:

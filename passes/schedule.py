@@ -17,7 +17,7 @@ backward's tangents or on a collective; placements that would need such a
 node are skipped and reported. Finally the order is pinned (``pin=True``) so
 a compiler keeps it: the window's first recomputations depend on the issue
 node and the wait depends on the last ones, through Inductor's control
-dependencies (`adacc_compile.compat.pin_order`); in eager execution the same
+dependencies (`adacc_compile.compat_inductor.pin_order`); in eager execution the same
 graph simply runs in order.
 """
 
@@ -28,7 +28,7 @@ from typing import Iterable, Mapping
 
 import torch.fx as fx
 
-from adacc_compile import compat
+from adacc_compile import compat, compat_inductor
 
 from .op_class import is_view_op
 from .windows import is_wait, issue_kind
@@ -99,7 +99,7 @@ def schedule_recompute(
     pins = 0
     if pin and moved_by_window:
         deps = _pin_map(names, moved_by_window)
-        if compat.pin_order(module, deps):
+        if compat_inductor.pin_order(module, deps):
             pins = sum(len(v) for v in deps.values())
     return ScheduleResult(module=module, placed=placed, skipped=skipped, pins=pins)
 
@@ -241,6 +241,6 @@ def _single_tensor(node: fx.Node) -> bool:
 
 
 def _pinned_wait(node: fx.Node) -> bool:
-    """A ``wait_tensor`` wrapped by `compat.pin_order`."""
-    target = compat.pinned_target(node)
+    """A ``wait_tensor`` wrapped by `compat_inductor.pin_order`."""
+    target = compat_inductor.pinned_target(node)
     return target is not None and "wait_tensor" in str(target)

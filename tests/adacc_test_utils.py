@@ -28,7 +28,7 @@ def compile_capturing(model: torch.nn.Module, options: dict[str, Any], *, eager:
     every graph's `PartitionState` (candidates, solution, fw/bw modules).
     ``mode`` overrides the realization the planner assumes (by default the
     backend's: eager without fusion, Inductor with)."""
-    from adacc_compile import compat
+    from adacc_compile import compat_inductor
     from adacc_compile.passes.fusion import Realization
     from adacc_compile.stage_runner import run_pipeline
     from adacc_compile.state import PartitionState
@@ -47,9 +47,9 @@ def compile_capturing(model: torch.nn.Module, options: dict[str, Any], *, eager:
         return state.fw_module, state.bw_module
 
     if eager:
-        backend = lambda gm, ex: compat.eager_aot_compile(gm, ex, partition)  # noqa: E731
+        backend = lambda gm, ex: compat_inductor.eager_aot_compile(gm, ex, partition)  # noqa: E731
     else:
-        backend = lambda gm, ex: compat.inductor_compile(gm, ex, {"custom_partitioner_fn": partition})  # noqa: E731
+        backend = lambda gm, ex: compat_inductor.inductor_compile(gm, ex, {"custom_partitioner_fn": partition})  # noqa: E731
     return torch.compile(model, backend=backend), states
 
 

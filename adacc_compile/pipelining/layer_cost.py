@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 
-from adacc_compile import compat
+from adacc_compile import compat_tracing
 from adacc_compile.config import AdaccConfig
 from adacc_compile.passes.annotate import annotation
 from adacc_compile.passes.fusion import Realization
@@ -94,7 +94,7 @@ class _SumOutput(nn.Module):
 class LayerTrace:
     """One layer's joint graph, traced under fake tensors."""
 
-    joint: compat.CapturedJoint
+    joint: compat_tracing.CapturedJoint
     parameter_count: int
     output_bytes: int
     seconds: float
@@ -107,7 +107,7 @@ def trace_layer(
     and traces the joint graph of the summed output (nothing allocated)."""
     start = time.perf_counter()
     previous = torch.get_default_dtype()
-    with compat.fake_tensors():
+    with compat_tracing.fake_tensors():
         torch.set_default_dtype(dtype)
         try:
             layer = build()
@@ -117,7 +117,7 @@ def trace_layer(
         parameter_count = sum(p.numel() for p in layer.parameters())
         out = layer(*args)
         output_bytes = out.numel() * out.element_size()
-    joint = compat.capture_joint_graph(_SumOutput(layer), args)
+    joint = compat_tracing.capture_joint_graph(_SumOutput(layer), args)
     return LayerTrace(joint=joint, parameter_count=parameter_count, output_bytes=output_bytes,
                       seconds=time.perf_counter() - start)
 

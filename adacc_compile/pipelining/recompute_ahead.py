@@ -39,7 +39,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
-from adacc_compile import compat
+from adacc_compile import compat_inductor
 from adacc_compile.config import AdaccConfig
 from adacc_compile.partitioner import AdaccPartitioner
 
@@ -118,7 +118,7 @@ class RecomputeAheadBackend:
         partitioner = self.partitioner
         partitioner.real_inputs = list(example_inputs)
         partitioner.eager = True
-        return compat.aot_compile_with(
+        return compat_inductor.aot_compile_with(
             gm, example_inputs,
             fw_compiler=lambda fw, ex: self._forward_runner(pair, fw),
             bw_compiler=lambda bw, ex: self._backward_runner(pair, bw),
@@ -126,7 +126,7 @@ class RecomputeAheadBackend:
         )
 
     def _forward_runner(self, pair: _GraphPair, fw: fx.GraphModule) -> Any:
-        run = compat.interpret(fw)
+        run = compat_inductor.interpret(fw)
 
         def forward(args: list[Any]) -> Any:
             outputs = run(args)
@@ -140,13 +140,13 @@ class RecomputeAheadBackend:
         return forward
 
     def _backward_runner(self, pair: _GraphPair, bw: fx.GraphModule) -> Any:
-        original = compat.interpret(bw)
+        original = compat_inductor.interpret(bw)
         split = split_backward(bw, max_ahead_bytes=self.max_ahead_bytes)
         if split is None:
             return original
         pair.split = split
-        pair.prologue = compat.interpret(split.prologue)
-        pair.epilogue = compat.interpret(split.epilogue)
+        pair.prologue = compat_inductor.interpret(split.prologue)
+        pair.epilogue = compat_inductor.interpret(split.epilogue)
 
         def backward(args: list[Any]) -> Any:
             key = _key(args[: split.num_saved])

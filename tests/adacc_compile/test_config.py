@@ -126,7 +126,7 @@ def test_inductor_buffer_reuse_reaches_inductors_config(monkeypatch, options, re
     memory model does); True leaves Inductor's own setting alone."""
     import torch
 
-    from adacc_compile import compat
+    from adacc_compile import compat_inductor
 
     seen = {}
 
@@ -134,7 +134,7 @@ def test_inductor_buffer_reuse_reaches_inductors_config(monkeypatch, options, re
         seen.update(config_patches, pinned=pinned_meta_key, whole_ops=whole_ops)
         return gm
 
-    monkeypatch.setattr(compat, "inductor_compile", fake_compile)
+    monkeypatch.setattr(compat_inductor, "inductor_compile", fake_compile)
     partitioner = AdaccPartitioner(AdaccConfig.from_options(options))
     gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
     partitioner.plan_and_compile(gm, [torch.randn(1, 2)], eager=False, graph_index=0)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.fx as fx
 
-from adacc_compile import compat
+from adacc_compile import compat_inductor
 from adacc_compile.graph_splice import splice_graph, traced_outputs
 
 
@@ -21,7 +21,7 @@ def _host() -> tuple[fx.GraphModule, fx.Node, fx.Node]:
 
 def test_calls_are_copied_before_the_node_bound_to_the_inputs_named_and_tagged():
     gm, x, neg = _host()
-    traced = compat.trace_aten(lambda v: (v * 2 + 1, v.exp()), [torch.randn(4)])
+    traced = compat_inductor.trace_aten(lambda v: (v * 2 + 1, v.exp()), [torch.randn(4)])
     out = splice_graph(gm.graph, traced, [x], neg, name=lambda i: f"s{i}", meta={"tag": "t"})
     names = [n.name for n in gm.graph.nodes]
     assert names.index("s0") < names.index(neg.name)  # before ``before``
@@ -37,6 +37,6 @@ def test_calls_are_copied_before_the_node_bound_to_the_inputs_named_and_tagged()
 
 def test_a_count_of_inputs_other_than_the_placeholders_is_refused():
     gm, x, neg = _host()
-    traced = compat.trace_aten(lambda a, b: (a + b,), [torch.randn(4), torch.randn(4)])
+    traced = compat_inductor.trace_aten(lambda a, b: (a + b,), [torch.randn(4), torch.randn(4)])
     with pytest.raises(ValueError, match="takes 2 inputs, given 1"):
         splice_graph(gm.graph, traced, [x], neg, name=str)

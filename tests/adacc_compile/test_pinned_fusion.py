@@ -1,12 +1,12 @@
 """Inductor may not move the backward's recomputations by fusing them with
-far kernels (`compat.inductor_compile` with ``pinned_meta_key``)."""
+far kernels (`compat_inductor.inductor_compile` with ``pinned_meta_key``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from adacc_compile import compat
+from adacc_compile import compat_inductor
 
 
 @dataclass
@@ -31,7 +31,7 @@ def _snode(name: str, order: int, *, pinned: bool = False):
 
 def test_pinned_node_fuses_only_with_its_neighbours():
     inner = _Choices()
-    guard = compat._PinnedNodesStay(inner, "adacc_placed")
+    guard = compat_inductor._PinnedNodesStay(inner, "adacc_placed")
     recompute = _snode("recomputed silu", 8, pinned=True)
     assert guard.can_fuse(None, recompute, _snode("its consumer", 9), 0)
     assert not guard.can_fuse(None, recompute, _snode("silu backward, past two matmuls", 12), 0)
@@ -41,7 +41,7 @@ def test_pinned_node_fuses_only_with_its_neighbours():
 
 def test_unpinned_nodes_keep_inductors_decisions():
     inner = _Choices()
-    guard = compat._PinnedNodesStay(inner, "adacc_placed")
+    guard = compat_inductor._PinnedNodesStay(inner, "adacc_placed")
     assert guard.can_fuse(None, _snode("a", 3), _snode("b", 60), 0)
     assert inner.asked == [("a", "b")]
     assert guard.score_fusion(None, None, None) == 7  # everything else is delegated

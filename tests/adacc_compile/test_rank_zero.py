@@ -9,7 +9,7 @@ import pickle
 import torch
 import torch.distributed as dist
 
-from adacc_compile import compat, compat_distributed, plan_agreement, rank_zero
+from adacc_compile import compat, compat_distributed, compat_tracing, plan_agreement, rank_zero
 
 
 class _Store:
@@ -35,7 +35,7 @@ def test_rank_zeros_tensors_arrive_real_under_a_fake_mode(monkeypatch):
     monkeypatch.setattr(compat_distributed, "default_store", lambda: store)
     monkeypatch.setattr(dist, "get_rank", lambda: 1)
     monkeypatch.setattr(plan_agreement, "wait_for_keys", lambda *args: None)
-    with compat.fake_tensors():
+    with compat_tracing.fake_tensors():
         got = rank_zero.from_rank_zero("calibration", lambda: None, timeout_s=1.0)
     assert not compat.is_fake(got["parameters"])
     assert torch.equal(got["parameters"], published["parameters"])

@@ -6,7 +6,7 @@ one). A kept value is a forward output and is written at once; a
 compressed one is not, so the codec's loops (statistics, then codes) each
 recomputed the value's producer: a GPT step's GELU (``erf``) ran three
 times in the forward. `compress_rewrite` now routes the value through
-`compat.realize_op` (``realize=True``, the Inductor path).
+`compat_inductor.realize_op` (``realize=True``, the Inductor path).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import torch._inductor.config as inductor_config
 
-from adacc_compile import compat
+from adacc_compile import compat_inductor
 from adacc_compile.kernels import get_codec
 from adacc_compile.passes.compress_rewrite import _splice_compress, _written_once
 from adacc_compile.passes.fusion import Realization, materialised
@@ -52,7 +52,7 @@ def _compressed_forward() -> fx.GraphModule:
 
 def _forward_erf_calls(monkeypatch, realize: bool) -> int:
     if not realize:
-        monkeypatch.setattr(compat, "realize_op", lambda: None)
+        monkeypatch.setattr(compat_inductor, "realize_op", lambda: None)
     torch._dynamo.reset()
     model, batch = build("gpt")
     options = {"memory_budget": 0.3, "accuracy": "aggressive", "device_profile": "h100", "allow_recompute": False}

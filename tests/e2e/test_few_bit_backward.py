@@ -7,7 +7,7 @@ was never offered under ``backend="adacc"``. The joint graph now keeps
 ``gelu_backward`` whole while the config may plan ``fewbit_gelu``
 (`partitioner.whole_ops`; ``silu_backward`` waits for the memory model,
 `partitioner.MODELLED_WHOLE_OPS`), and the split graphs decompose what the
-plan left of it (`compat.decompose_whole_ops`) before Inductor lowers them.
+plan left of it (`compat_inductor.decompose_whole_ops`) before Inductor lowers them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 from torch._inductor.utils import run_and_get_code
 
-from adacc_compile import compat
+from adacc_compile import compat_inductor, compat_tracing
 from adacc_compile.config import AdaccConfig
 from adacc_compile.kernels import get_codec
 from adacc_compile.partitioner import AdaccPartitioner
@@ -82,13 +82,13 @@ def test_a_whole_op_is_decomposed_in_place_with_the_same_values(op):
     whole.meta["val"] = target(grad, x)
     graph.output((graph.call_function(torch.ops.aten.mul.Tensor, (whole, 2.0)),))
     gm = fx.GraphModule(torch.nn.Module(), graph)
-    assert compat.decompose_whole_ops(gm, [target]) == 1
+    assert compat_inductor.decompose_whole_ops(gm, [target]) == 1
     assert target not in {n.target for n in gm.graph.nodes}
     decomposed = [n for n in gm.graph.nodes if n.name.startswith(f"{whole.name}_d")]
     assert decomposed and all(isinstance(n.meta.get("val"), torch.Tensor) for n in decomposed)
     (out,) = gm(grad, x)
     torch.testing.assert_close(out, target(grad, x) * 2)
-    assert compat.decompose_whole_ops(gm, [target]) == 0
+    assert compat_inductor.decompose_whole_ops(gm, [target]) == 0
 
 
 @pytest.mark.parametrize("model_name,codec", [("mlp", "fewbit_gelu")])
@@ -128,7 +128,7 @@ def test_an_aggressive_plan_that_compresses_nothing_gives_eager_gradients():
 
 
 def test_the_captured_joint_graph_keeps_the_ops_it_is_given():
-    """`compat.capture_joint_graph` (``adacc plan``'s trace) with and
+    """`compat_tracing.capture_joint_graph` (``adacc plan``'s trace) with and
     without the GELU backward kept whole, on fake tensors."""
 
     class Block(torch.nn.Module):
@@ -142,9 +142,9 @@ def test_the_captured_joint_graph_keeps_the_ops_it_is_given():
     aten = torch.ops.aten
     targets = {}
     for kept in ((), (aten.gelu_backward.default,)):
-        with compat.fake_tensors():
+        with compat_tracing.fake_tensors():
             model, x = Block(), torch.randn(4, 8)
-        joint = compat.capture_joint_graph(model, (x, x), whole_ops=kept)
+        joint = compat_tracing.capture_joint_graph(model, (x, x), whole_ops=kept)
         targets[kept] = {n.target for n in joint.gm.graph.nodes}
     assert aten.gelu_backward.default in targets[(aten.gelu_backward.default,)]
     assert aten.gelu_backward.default not in targets[()]

@@ -21,7 +21,7 @@ from typing import Sequence
 import pytest
 import torch
 
-from adacc_compile import compat
+from adacc_compile import compat_inductor
 from adacc_compile.kernels import available_codecs, get_codec
 from adacc_compile.kernels.aten_graphs import codec_graphs
 
@@ -129,10 +129,10 @@ def _compiled_equals_reference(name: str, dtype: torch.dtype, shape: tuple[int, 
     codec = get_codec(name)
     x = _sample(name, shape, dtype, seed=seed)
     graphs = codec_graphs(codec, x)
-    compress = compat.inductor_compile_inference(graphs.compress, [x])
+    compress = compat_inductor.inductor_compile_inference(graphs.compress, [x])
     reference = list(codec.compress_op(x))
     assert _same_payload(list(compress(x)), reference)
-    decompress = compat.inductor_compile_inference(graphs.decompress, reference)
+    decompress = compat_inductor.inductor_compile_inference(graphs.decompress, reference)
     (restored,) = decompress(*reference)
     assert _same(restored, codec.decompress_op(reference, list(shape), dtype))
 
@@ -228,8 +228,8 @@ def test_nibble_bytes_pack_every_pair_of_int4_codes(lanes: int, monkeypatch) -> 
     low, high = (c.reshape(-1) for c in torch.meshgrid(codes, codes, indexing="ij"))
     expected = ((low & 15) | ((high & 15) << 4)).to(torch.uint8)
     assert torch.equal(nibble_bytes(low.float(), high.float()), expected)
-    graph = compat.trace_aten(lambda a, b: (nibble_bytes(a, b),), [low.float(), high.float()])
-    compiled = compat.inductor_compile_inference(graph, [low.float(), high.float()])
+    graph = compat_inductor.trace_aten(lambda a, b: (nibble_bytes(a, b),), [low.float(), high.float()])
+    compiled = compat_inductor.inductor_compile_inference(graph, [low.float(), high.float()])
     (packed,) = compiled(low.float(), high.float())
     assert torch.equal(packed, expected)
 
@@ -252,7 +252,7 @@ def test_one_byte_rows_that_are_not_whole_words_compile_without_per_byte_divisio
     copy, measured). The values stay the reference's."""
     from torch._inductor.utils import run_and_get_code
 
-    from adacc_compile import compat
+    from adacc_compile import compat_inductor
     from adacc_compile.kernels import aten_graphs, get_codec
 
     monkeypatch.setattr(aten_graphs, "vector_lanes", lambda device: 8)
@@ -264,8 +264,8 @@ def test_one_byte_rows_that_are_not_whole_words_compile_without_per_byte_divisio
     if name == "softmax_u8":
         x = torch.softmax(x, dim=-1)
     payload = codec.aten_compress(x)
-    graph = compat.trace_aten(lambda *p: (codec.aten_decompress(list(p), [16, 682], torch.float32),), list(payload))
-    (restored,), codes = run_and_get_code(lambda: compat.inductor_compile_inference(graph, list(payload))(*payload))
+    graph = compat_inductor.trace_aten(lambda *p: (codec.aten_decompress(list(p), [16, 682], torch.float32),), list(payload))
+    (restored,), codes = run_and_get_code(lambda: compat_inductor.inductor_compile_inference(graph, list(payload))(*payload))
     assert torch.equal(restored, codec.decompress(codec.compress(x)))
     assert codes and not any("div_floor_integer" in code for code in codes)
 
@@ -290,8 +290,8 @@ def _value_sized_temporaries(fn, args: list[torch.Tensor], numel: int, lanes: in
 
     monkeypatch.setattr(aten_graphs, "vector_lanes", lambda device: lanes)
     monkeypatch.setenv("ADACC_KERNELS", "torch")
-    graph = compat.trace_aten(fn, args)
-    _, codes = run_and_get_code(lambda: compat.inductor_compile_inference(graph, args)(*args))
+    graph = compat_inductor.trace_aten(fn, args)
+    _, codes = run_and_get_code(lambda: compat_inductor.inductor_compile_inference(graph, args)(*args))
     code = "\n".join(codes)
     call = code[code.index("def call("):]
     alias = dict(re.findall(r"(buf\d+) = (?:reinterpret_tensor\()?(buf\d+)\b", call))

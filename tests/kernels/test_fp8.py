@@ -260,7 +260,7 @@ def test_compiled_aten_form_rounds_ties_and_every_code_like_torch(name: str, lan
     """What a compiled plan runs (Inductor's C++ of the aten form), with
     16-lane vectors (torch's own fp8 casts, vectorised) and 8-lane ones (the
     bit-level encode): the reference's codes and values, bit for bit."""
-    from adacc_compile import compat
+    from adacc_compile import compat_inductor
     from adacc_compile.kernels import aten_graphs
 
     monkeypatch.setattr(aten_graphs, "vector_lanes", lambda device: lanes)
@@ -268,10 +268,10 @@ def test_compiled_aten_form_rounds_ties_and_every_code_like_torch(name: str, lan
     row = _ties_and_every_code(fmt).view(1, -1)
     graphs = aten_graphs.codec_graphs(codec, row)
     ref = fp8.torch_fp8_compress(row, fmt)
-    got = list(compat.inductor_compile_inference(graphs.compress, [row])(row))
+    got = list(compat_inductor.inductor_compile_inference(graphs.compress, [row])(row))
     assert ref[1].item() == 1.0
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
-    (restored,) = compat.inductor_compile_inference(graphs.decompress, ref)(*ref)
+    (restored,) = compat_inductor.inductor_compile_inference(graphs.decompress, ref)(*ref)
     assert _same(restored, fp8.torch_fp8_decompress(ref, row.shape, torch.float32, fmt))
 
 
@@ -364,7 +364,7 @@ def test_calibrated_compress_is_the_references_bit_for_bit_eager_and_compiled(
     encode with 8), run eagerly and compiled by Inductor, gives the
     reference's codes; finite values beyond the range saturate, NaN is 0x7F
     whatever its sign, ±Inf keep their codes."""
-    from adacc_compile import compat
+    from adacc_compile import compat_inductor
     from adacc_compile.kernels import aten_graphs
 
     monkeypatch.setattr(aten_graphs, "vector_lanes", lambda device: lanes)
@@ -374,7 +374,7 @@ def test_calibrated_compress_is_the_references_bit_for_bit_eager_and_compiled(
     ref = fp8.torch_fp8_compress_calibrated(row, scale, fmt)
     eager = codec.aten_compress(row, scale)
     graphs = aten_graphs.codec_graphs(codec, row, scale)
-    compiled = list(compat.inductor_compile_inference(graphs.compress, [row, scale])(row, scale))
+    compiled = list(compat_inductor.inductor_compile_inference(graphs.compress, [row, scale])(row, scale))
     for got in (eager, compiled):
         assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
     codes, values = ref[0].view(-1), row.view(-1)

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from adacc_compile import compat
+from adacc_compile import compat_inductor
 from adacc_compile.kernels import ApplyQuery, get_codec, int8_smooth
 from adacc_compile.kernels.oplib import error_stats, is_interpreted
 
@@ -282,12 +282,12 @@ def test_inductor_compiled_aten_form_with_factors_equals_reference(monkeypatch) 
     x = _data((37, 130), torch.bfloat16, seed=8)
     factors = codec.calibration_parameters(_data((37, 130), torch.bfloat16, seed=9))
     assert (factors > 1).any()
-    graph = compat.trace_aten(lambda v, f: tuple(codec.aten_compress(v, f)), [x, factors])
-    payload = compat.inductor_compile_inference(graph, [x, factors])(x, factors)
+    graph = compat_inductor.trace_aten(lambda v, f: tuple(codec.aten_compress(v, f)), [x, factors])
+    payload = compat_inductor.inductor_compile_inference(graph, [x, factors])(x, factors)
     ref = ref_compress(x, factors)
     assert _same_payload(list(payload), ref)
-    graph = compat.trace_aten(lambda *p: (codec.aten_decompress(list(p), [37, 130], x.dtype),), ref)
-    (restored,) = compat.inductor_compile_inference(graph, ref)(*ref)
+    graph = compat_inductor.trace_aten(lambda *p: (codec.aten_decompress(list(p), [37, 130], x.dtype),), ref)
+    (restored,) = compat_inductor.inductor_compile_inference(graph, ref)(*ref)
     assert _same(restored, ref_decompress(ref, [37, 130], x.dtype))
 
 
@@ -298,8 +298,8 @@ def test_inductor_compiled_factors_equal_eager() -> None:
     x = torch.randn(64, 3000, generator=g) * maxima
     x[3, 5], x[4, 6] = float("nan"), float("-inf")
     fn = lambda v: (int8_smooth.channel_factors(int8_smooth.channel_maxima(v)),)  # noqa: E731
-    graph = compat.trace_aten(fn, [x])
-    (compiled,) = compat.inductor_compile_inference(graph, [x])(x)
+    graph = compat_inductor.trace_aten(fn, [x])
+    (compiled,) = compat_inductor.inductor_compile_inference(graph, [x])(x)
     assert torch.equal(compiled, fn(x)[0])
     assert (compiled > 1).any()
 

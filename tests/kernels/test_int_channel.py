@@ -324,13 +324,13 @@ def test_compiled_codes_loop_multiplies_by_reciprocals(name: str, monkeypatch) -
     recomputed in the loop is not visible in this count."""
     from torch._inductor.utils import run_and_get_code
 
-    from adacc_compile import compat
+    from adacc_compile import compat_inductor
 
     monkeypatch.setenv("ADACC_KERNELS", "torch")
     codec = get_codec(name)
     x = torch.randn(256, 128, generator=torch.Generator().manual_seed(8))
-    graph = compat.trace_aten(lambda v: tuple(codec.aten_compress(v)), [x])
-    payload, codes = run_and_get_code(lambda: compat.inductor_compile_inference(graph, [x])(x))
+    graph = compat_inductor.trace_aten(lambda v: tuple(codec.aten_compress(v)), [x])
+    payload, codes = run_and_get_code(lambda: compat_inductor.inductor_compile_inference(graph, [x])(x))
     assert _same_payload(list(payload), codec.compress(x).payload)
     divisions = sum(code.count(" / ") for code in codes)
     assert divisions == 1, divisions  # the scale's; the reciprocal is a `reciprocal()`

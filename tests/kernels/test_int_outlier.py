@@ -153,14 +153,14 @@ def test_other_calibrated_channels_match_the_reference_and_stay_exact(name: str)
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_inductor_compiled_calibrated_compress_equals_reference(name: str) -> None:
-    from adacc_compile import compat
+    from adacc_compile import compat_inductor
 
     codec, fmt = get_codec(name), FORMATS[name]
     x = _data((37, 200), torch.bfloat16, seed=4)
     other = _data((37, 200), torch.bfloat16, seed=5) * torch.linspace(1, 9, 200).to(torch.bfloat16)
     index = codec.calibration_parameters(other)
-    graph = compat.trace_aten(lambda v, i: tuple(codec.aten_compress(v, i)), [x, index])
-    payload = compat.inductor_compile_inference(graph, [x, index])(x, index)
+    graph = compat_inductor.trace_aten(lambda v, i: tuple(codec.aten_compress(v, i)), [x, index])
+    payload = compat_inductor.inductor_compile_inference(graph, [x, index])(x, index)
     assert _same_payload(list(payload), int_outlier._torch_compress(fmt, x, index))
 
 
@@ -324,10 +324,10 @@ def test_a_flagged_groups_largest_value_is_not_read_as_inf(name: str) -> None:
     x[:, -1] = 1e6  # the outlier slot goes elsewhere
     ref = int_outlier._torch_compress(fmt, x)
     assert _same_payload(codec.aten_compress(x), ref)
-    from adacc_compile import compat
+    from adacc_compile import compat_inductor
 
-    graph = compat.trace_aten(lambda v: tuple(codec.aten_compress(v)), [x])
-    assert _same_payload(list(compat.inductor_compile_inference(graph, [x])(x)), ref)
+    graph = compat_inductor.trace_aten(lambda v: tuple(codec.aten_compress(v)), [x])
+    assert _same_payload(list(compat_inductor.inductor_compile_inference(graph, [x])(x)), ref)
     out = codec.decompress(codec.compress(x))
     assert out[:, 1].tolist() == pytest.approx([worst, worst], rel=2.0**-6)
     assert out[:, 2].tolist() == pytest.approx([-worst, -worst], rel=2.0**-6)

@@ -126,9 +126,9 @@ def test_attention_probabilities_are_softmax_outputs():
 
 
 def test_a_module_level_module_belongs_to_the_block_that_calls_it():
-    from adacc_compile import compat
+    from adacc_compile import compat_tracing
 
-    joint = compat.capture_joint_graph(_Net(rotate=True, loss=True), [torch.randn(2, 4)]).gm
+    joint = compat_tracing.capture_joint_graph(_Net(rotate=True, loss=True), [torch.randn(2, 4)]).gm
     annotate(joint, PROFILE)
     cats = [n for n in joint.graph.nodes if n.op == "call_function" and annotation(n).op == "aten.cat"]
     stacks = [[str(path) for path, _ in (n.meta.get("nn_module_stack") or {}).values()] for n in cats]

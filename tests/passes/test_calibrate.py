@@ -64,9 +64,9 @@ def test_calibration_off_or_without_real_inputs_trusts_declared_bounds():
     model, batch = build("gpt")
     partitioner = AdaccPartitioner(AdaccConfig.from_options(AGGRESSIVE))
     # AOTAutograd straight to the partitioner: it never sees real inputs.
-    from adacc_compile import compat
+    from adacc_compile import compat_inductor
 
-    compiled = torch.compile(model, backend=lambda gm, ex: compat.eager_aot_compile(gm, ex, partitioner))
+    compiled = torch.compile(model, backend=lambda gm, ex: compat_inductor.eager_aot_compile(gm, ex, partitioner))
     loss_and_grads(model, compiled, *batch)
     summary = partitioner.reports[-1]["summary"]
     assert summary["calibration"]["reason"] == "no real inputs (planned under fake tensors)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from adacc_compile import compat
+from adacc_compile import compat_inductor
 from adacc_compile.passes.memory_sim import simulate_step
 
 
@@ -498,12 +498,12 @@ def test_random_numbers_read_by_a_kernel_of_another_size_are_written():
     assert 0 <= simulated - measured <= 8  # the model writes the looked-up seed (8 bytes), Inductor inlines it
 
 
-_REALIZE = compat.realize_op()
+_REALIZE = compat_inductor.realize_op()
 
 
 def _two_values_written_and_compressed_in_one_kernel_group(x, w, w2):
     # As two codecs' compress chains between two matmuls: each value is
-    # written (`compat.realize_op`), reduced to a row scale and coded.
+    # written (`compat_inductor.realize_op`), reduced to a row scale and coded.
     realize, convert = _REALIZE, torch.ops.prims.convert_element_type.default
     m = x @ w
     a = realize(torch.sin(m), [m.shape[1], 1])

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives  # noqa: F401  (registers _c10d_functional)
 import torch.fx as fx
 
-from adacc_compile import compat
+from adacc_compile import compat_inductor
 from adacc_compile.passes.schedule import recomputes_in_windows, schedule_recompute
 
 aten, c10d = torch.ops.aten, torch.ops._c10d_functional
@@ -60,11 +60,11 @@ def test_moves_recompute_into_the_window_and_pins_it():
     # relu (first compute after the issue) waits for ar; the wait for mm_r.
     assert result.pins == 2
     nodes = {n.name: n for n in result.module.graph.nodes}
-    assert compat.pinned_target(nodes["relu"]) is aten.relu.default
-    assert compat.pinned_target(nodes["wait"]) is c10d.wait_tensor.default
+    assert compat_inductor.pinned_target(nodes["relu"]) is aten.relu.default
+    assert compat_inductor.pinned_target(nodes["wait"]) is c10d.wait_tensor.default
     assert nodes["relu"].args[0] == (nodes["ar"],)
     assert nodes["wait"].args[0] == (nodes["mm_r"],)
-    assert compat.pinned_target(nodes["wt"]) is None, "views are free: not pinned"
+    assert compat_inductor.pinned_target(nodes["wt"]) is None, "views are free: not pinned"
     assert recomputes_in_windows(result.module, FORWARD) == {"ar": ["relu", "wt", "mm_r"]}
     assert recomputes_in_windows(gm, FORWARD) == {}
 
@@ -76,7 +76,7 @@ def test_unpinned_schedule_is_a_plain_reorder_and_sinks_the_wait():
     assert names(result.module) == ["mm", "ar", "relu", "wt", "mm_r", "wait", "out", "output"]
     assert result.placed == {"relu": "ar"}
     assert result.pins == 0
-    assert all(compat.pinned_target(n) is None for n in result.module.graph.nodes)
+    assert all(compat_inductor.pinned_target(n) is None for n in result.module.graph.nodes)
 
 
 def test_illegal_placements_are_skipped_with_a_reason():
