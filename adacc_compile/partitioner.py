@@ -25,7 +25,7 @@ from adacc_compile.config import AdaccConfig
 from adacc_compile.passes.codec_options import allowed_codecs
 from adacc_compile.passes.compress_rewrite import replaced_ops
 from adacc_compile.passes.device_profile import profile_by_name
-from adacc_compile.passes.fusion import PLACED, Realization, mark_placed
+from adacc_compile.passes.fusion import PLACED, Realization
 from adacc_compile.stage_runner import run_pipeline
 from adacc_compile.report import write_summary
 from adacc_compile.step_measure import Correction
@@ -173,7 +173,6 @@ class AdaccPartitioner(compat_inductor.custom_partitioner_base()):  # type: igno
         if self.config.adapt:
             self.last_state = state
         assert state.fw_module is not None and state.bw_module is not None
-        mark_placed(state.bw_module, state.forward_names)
         return state.fw_module, state.bw_module
 
     def compile(

@@ -12,8 +12,10 @@
     budget      the budget in bytes, anchored at PyTorch's default partitioner
     plan        the policy (MILP) decides under the peak budget; simulated,
                 split into forward and backward once
-    verify      invariants of the fw/bw split
     schedule    recomputation moved into its windows, order pinned
+    placed      the backward's recomputations and decompressions tagged, so
+                Inductor fuses them only with their neighbours
+    verify      invariants of the fw/bw split, on the graphs Inductor receives
     agree       plan hash, checked across ranks when distributed
     report      summary, plan table, dumps, structured logs
 
@@ -50,8 +52,9 @@ STAGES: tuple[tuple[str, Callable[[PartitionState], None]], ...] = (
     ("structure", stages.structure_stage),
     ("budget", stages.budget_stage),
     ("plan", stages.plan_stage),
-    ("verify", stages.verify_stage),
     ("schedule", schedule_stage),
+    ("placed", stages.placed_stage),
+    ("verify", stages.verify_stage),
     ("agree", agree_stage),
     ("report", stages.report_stage),
 )

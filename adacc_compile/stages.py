@@ -20,7 +20,7 @@ from adacc_compile.passes.depth_fold import make_fold, repeated_block
 from adacc_compile.passes.device_profile import profile_by_name
 from adacc_compile.passes.dropout_replay import replay_dropout_from_masks
 from adacc_compile.passes.early_placement import place_backward_only_values_early
-from adacc_compile.passes.fusion import Realization
+from adacc_compile.passes.fusion import Realization, mark_placed
 from adacc_compile.passes.peak_model import build_memory_model
 from adacc_compile.passes.plan_problem import BlockRepeat, PlanProblem
 from adacc_compile.passes.plan_search import SplitContext, search_plan
@@ -262,6 +262,14 @@ def plan_stage(state: PartitionState) -> None:
     state.solution, state.saved_values = outcome.solution, outcome.saved
     state.fw_module, state.bw_module, state.timeline = outcome.fw, outcome.bw, outcome.timeline
     state.replans = outcome.resolves
+
+
+def placed_stage(state: PartitionState) -> None:
+    """Tags the backward nodes the plan placed (`fusion.mark_placed`): the
+    memory model runs them where they stand, and Inductor is kept from
+    fusing them with a far kernel. The last change to the graphs."""
+    assert state.bw_module is not None
+    mark_placed(state.bw_module, state.forward_names)
 
 
 def verify_stage(state: PartitionState) -> None:
