@@ -10,8 +10,9 @@
     windows     backward communication windows and what may hide in them
     structure   identical blocks folded into one (Lynx HEU); the memory model
     budget      the budget in bytes, anchored at PyTorch's default partitioner
-    plan        the policy (MILP) decides under the peak budget; simulated,
-                split into forward and backward once
+    plan        the policy (MILP) decides one block class under the budget;
+                the plan over every block split and simulated; re-solved
+                until the simulated peak meets the budget
     schedule    recomputation moved into its windows, order pinned
     placed      the backward's recomputations and decompressions tagged, so
                 Inductor fuses them only with their neighbours

@@ -23,7 +23,13 @@ from adacc_compile.passes.early_placement import place_backward_only_values_earl
 from adacc_compile.passes.fusion import Realization, mark_placed
 from adacc_compile.passes.peak_model import build_memory_model
 from adacc_compile.passes.plan_problem import BlockRepeat, PlanProblem
-from adacc_compile.passes.plan_search import SplitContext, search_plan
+from adacc_compile.passes.plan_search import (
+    FIXED_PLANNERS,
+    SplitContext,
+    first_plan,
+    fit_simulated_peak,
+    split_plan,
+)
 from adacc_compile.passes.structure import (
     block_classes,
     differing_blocks,
@@ -236,7 +242,12 @@ def charged_inputs(state: PartitionState) -> frozenset[str]:
 
 
 def plan_stage(state: PartitionState) -> None:
-    """Decide under the budget, simulate, split once (`plan_search`)."""
+    """Decide under the budget (`plan_search`), in three steps: the
+    policy's plan of one block class at the budget (or at the reachable
+    minimum, where the budget is out of reach); that plan over every block
+    (or PyTorch's own, where it fits and costs no more) split into forward
+    and backward graphs and simulated as they will run; re-solves that move
+    the model's cap until the simulated peak meets the budget."""
     assert state.candidates is not None and state.info is not None
     assert state.reduction is not None and state.budget is not None
     context = SplitContext(
@@ -252,12 +263,18 @@ def plan_stage(state: PartitionState) -> None:
         backward_extra_bytes=state.later_gradient_bytes,
     )
     state.split_context = context
-    outcome = search_plan(
-        context, state.candidates, state.reduction, state.budget,
-        planner=state.config.planner, options=state.solver_options,
-        on_infeasible=state.config.on_infeasible, default=state.default_plan,
-        peak_fit_solves=state.config.peak_fit_solves,
+    planner, options = state.config.planner, state.solver_options
+    fixed = planner in FIXED_PLANNERS
+    first = first_plan(
+        state.reduction, state.budget, planner=planner, options=options, on_infeasible=state.config.on_infeasible
     )
+    outcome = split_plan(context, state.candidates, state.reduction, first, default=None if fixed else state.default_plan)
+    if not fixed:
+        outcome = fit_simulated_peak(
+            context, state.candidates, state.reduction, outcome, planner=planner, options=options,
+            solves=state.config.peak_fit_solves,
+            first_reduced=first.solution if outcome.source != "default" else None,
+        )
     state.outcome, state.budget = outcome, outcome.budget
     state.solution, state.saved_values = outcome.solution, outcome.saved
     state.fw_module, state.bw_module, state.timeline = outcome.fw, outcome.bw, outcome.timeline

@@ -63,7 +63,7 @@ PLAN_PARTS = ("check_solution", "saved_values_for", "split_joint_graph", "apply_
 
 @contextlib.contextmanager
 def timed_plan_parts() -> Iterator[dict[str, float]]:
-    """Times the parts of `plan_search.search_plan` (and the policy it gets)."""
+    """Times the parts of the plan stage (`plan_search`: the policy it gets too)."""
     seconds: dict[str, float] = defaultdict(float)
 
     def wrap(name, fn):

@@ -121,26 +121,39 @@ class PlanOutcome:
     notes: tuple[str, ...] = ()
 
 
-def search_plan(
-    context: SplitContext,
-    candidates: CandidateSet,
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FirstPlan:
+    """The policy's plan of the reduced problem (`structure.BlockReduction`)
+    at the budget, before its blocks are expanded and it is split: the first
+    step of the plan stage (`first_plan`)."""
+
+    solution: PlanSolution
+    budget: BudgetResolution
+    """The budget it was solved at: clamped to the reachable minimum, or
+    with a relaxed boundary cap, where the requested one had no plan."""
+    source: str
+    """"planner", or "minimum" (nothing fit the budget: a plan at the
+    reachable minimum)."""
+    notes: tuple[str, ...] = ()
+
+
+def first_plan(
     reduction: BlockReduction,
     budget: BudgetResolution,
     *,
     planner: str,
     options: SolverOptions,
     on_infeasible: str = "warn",
-    default: PlanSolution | None = None,
-    peak_fit_solves: int = 3,
-) -> PlanOutcome:
-    full = candidates.problem
-    fixed = planner in FIXED_PLANNERS
+) -> FirstPlan:
+    """One solve at the budget. Where it has no plan, one lowest-peak solve
+    says whether the peak or only a ratio's boundary share is out of reach:
+    the boundary is relaxed to the least any plan within the peak holds
+    (`_relax_boundary`), or the budget is clamped to the reachable minimum
+    and the fastest plan there is solved (`budget.clamp_to_minimum`)."""
     notes: list[str] = []
     solution = _solve(reduction.problem, budget, planner, options)
     source = "planner"
-    if solution.status == "infeasible" and not fixed:
-        # One solve says whether the peak is in reach and, where it is not,
-        # gives the plan at the reachable minimum.
+    if solution.status == "infeasible" and planner not in FIXED_PLANNERS:
         lowest = lowest_peak_plan(reduction.problem, options)
         if budget.boundary_bytes is not None and modelled_peak(reduction.problem, lowest) <= budget.budget_bytes:
             budget, solution, note = _relax_boundary(reduction.problem, budget, planner, options, lowest)
@@ -165,21 +178,27 @@ def search_plan(
             )
             solution = fastest_at_minimum if fastest_at_minimum.status != "infeasible" else lowest
             source = "minimum"
-    reduced = solution
-    solution = reduction.expand(solution)
-    if not fixed and default is not None:
-        solution, source = _prefer_default(full, solution, source, default, budget)
-    outcome = _split(context, candidates, solution, source, budget, notes)
-    if fixed:
-        return outcome
-    return _fit_simulated_peak(
-        context, candidates, reduction, outcome, planner=planner, options=options,
-        solves=peak_fit_solves, tolerance=PEAK_FIT_TOLERANCE,
-        first_reduced=reduced if source != "default" else None,
-    )
+    return FirstPlan(solution=solution, budget=budget, source=source, notes=tuple(notes))
 
 
-def _fit_simulated_peak(
+def split_plan(
+    context: SplitContext,
+    candidates: CandidateSet,
+    reduction: BlockReduction,
+    first: FirstPlan,
+    *,
+    default: PlanSolution | None = None,
+) -> PlanOutcome:
+    """The first plan with its blocks expanded, or PyTorch's default plan
+    where that fits the budget and costs no more (``default``; None for the
+    fixed planners), split into forward and backward graphs and simulated."""
+    solution, source = reduction.expand(first.solution), first.source
+    if default is not None:
+        solution, source = _prefer_default(candidates.problem, solution, source, default, first.budget)
+    return _split(context, candidates, solution, source, first.budget, list(first.notes))
+
+
+def fit_simulated_peak(
     context: SplitContext,
     candidates: CandidateSet,
     reduction: BlockReduction,
@@ -188,7 +207,7 @@ def _fit_simulated_peak(
     planner: str,
     options: SolverOptions,
     solves: int,
-    tolerance: float,
+    tolerance: float = PEAK_FIT_TOLERANCE,
     first_reduced: PlanSolution | None = None,
 ) -> PlanOutcome:
     """Moves the MILP's cap until the split graphs' simulated activation
