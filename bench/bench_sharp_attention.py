@@ -1,11 +1,12 @@
-"""Gradient error of a balanced plan when attention sharpens mid-training.
+"""Gradient error of lossy plans when attention sharpens mid-training.
 
     python bench/bench_sharp_attention.py [--steps 30] [--sharpen-at 12] [--scale 30]
-        [--backend adacc_eager] [--without-lossy-use-rule]
+        [--backend adacc_eager] [--accuracy balanced aggressive] [--out PATH.md]
+        [--without-lossy-use-rule]
 
 HF GPT-2 (2 layers, n_embd 128, seq 64, batch 4, random weights), compiled
-with ``memory_budget=0.3, accuracy="balanced", allow_recompute=False,
-adapt=True, adapt_every=4``, trained with SGD. At ``--sharpen-at`` the
+with ``memory_budget=0.3, accuracy=<each --accuracy mode>,
+allow_recompute=False, adapt=True, adapt_every=4``, trained with SGD. At ``--sharpen-at`` the
 query and key projections are scaled by ``--scale`` (attention near
 one-hot). Every step, an eager copy with the same weights and batch gives
 the reference gradients; printed: the relative error of the whole gradient
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable
@@ -41,13 +43,14 @@ class SharpRun:
 
 
 def run(*, steps: int, sharpen_at: int, scale: float = 30.0, backend: str = "adacc_eager",
-        adapt_every: int = 4, report: Callable[[str], None] = lambda line: None) -> SharpRun:
+        adapt_every: int = 4, accuracy: str = "balanced",
+        report: Callable[[str], None] = lambda line: None) -> SharpRun:
     import transformers
 
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**CONFIG)).train()
     reference = copy.deepcopy(model)
-    options = {"memory_budget": 0.3, "accuracy": "balanced", "allow_recompute": False, "adapt": True,
+    options = {"memory_budget": 0.3, "accuracy": accuracy, "allow_recompute": False, "adapt": True,
                "adapt_every": adapt_every, "device_profile": "h100"}
     compiled = torch.compile(model, backend=backend, options=options)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -84,10 +87,21 @@ def run(*, steps: int, sharpen_at: int, scale: float = 30.0, backend: str = "ada
         ours = torch.cat([p.grad.flatten() for p in model.parameters()])
         theirs = torch.cat([q.grad.flatten() for q in reference.parameters()])
         result.errors.append(((ours - theirs).norm() / theirs.norm()).item())
+        if not math.isfinite(result.errors[-1]):  # training has diverged: nothing more to compare
+            report(f"step {step}: gradient error {result.errors[-1]}: diverged, stopping")
+            break
         name = max(errors, key=errors.get)
         report(f"step {step}: gradient error {result.errors[-1]:.4f}, worst parameter {name} {errors[name]:.4f}")
         optimizer.step()
     return result
+
+
+def _worst(errors: list[float]) -> float:
+    """The largest error, or NaN where one is not finite (max() with a NaN
+    depends on where it stands)."""
+    if any(not math.isfinite(e) for e in errors):
+        return math.nan
+    return max(errors, default=0.0)
 
 
 def main() -> None:
@@ -96,6 +110,8 @@ def main() -> None:
     parser.add_argument("--sharpen-at", type=int, default=12)
     parser.add_argument("--scale", type=float, default=30.0)
     parser.add_argument("--backend", default="adacc_eager")
+    parser.add_argument("--accuracy", nargs="+", default=["balanced"], choices=("balanced", "aggressive"))
+    parser.add_argument("--out", help="write a table per mode to this .md (and the per-step errors beside, .json)")
     parser.add_argument("--without-lossy-use-rule", action="store_true")
     args = parser.parse_args()
     from adacc_compile.adaptation import graphs_of
@@ -105,13 +121,42 @@ def main() -> None:
         from adacc_compile.passes import lossy_uses
 
         lossy_uses._BY_OP = {}
-    result = run(steps=args.steps, sharpen_at=args.sharpen_at, scale=args.scale, backend=args.backend,
-                 report=lambda line: print(line, flush=True))
-    print(f"worst gradient error {max(result.errors):.4f}")
-    for graph in graphs_of(result.model):
-        print(f"re-plans {graph.replans}: {[(c.step, c.drifts) for c in graph.checks if c.drifts]}")
-    for plan in plans(result.model):
-        print(f"codecs {plan.codecs}, decisions {plan.decisions}")
+    rows, raw = [], {}
+    for accuracy in args.accuracy:
+        print(f"== accuracy={accuracy}", flush=True)
+        result = run(steps=args.steps, sharpen_at=args.sharpen_at, scale=args.scale, backend=args.backend,
+                     accuracy=accuracy, report=lambda line: print(line, flush=True))
+        replans = sum(graph.replans for graph in graphs_of(result.model))
+        codecs = sorted({c for plan in plans(result.model) for c in plan.codecs})
+        print(f"worst gradient error {_worst(result.errors):.4f}")
+        for graph in graphs_of(result.model):
+            print(f"re-plans {graph.replans}: {[(c.step, c.drifts) for c in graph.checks if c.drifts]}")
+        for plan in plans(result.model):
+            print(f"codecs {plan.codecs}, decisions {plan.decisions}")
+        before, after = result.errors[: args.sharpen_at], result.errors[args.sharpen_at:]
+        rows.append(
+            f"| {accuracy} | {_worst(before):.4f} | {_worst(after):.4f}"
+            f"{'' if len(result.errors) == args.steps else f' (diverged at step {len(result.errors) - 1})'} | "
+            f"{result.sharpness[0]} -> {result.sharpness.get(args.sharpen_at)} | {replans} | {', '.join(codecs)} |"
+        )
+        raw[accuracy] = {"errors": result.errors, "sharpness": result.sharpness, "replans": replans, "codecs": codecs}
+    if args.out:
+        import json
+        import os
+        import sys
+
+        header = [
+            f"Command: `python bench/bench_sharp_attention.py {' '.join(sys.argv[1:])}`", "",
+            f"Gradient error of the whole gradient against eager's (a lossless plan's), per step; the sharpening "
+            f"at step {args.sharpen_at} of {args.steps}. Re-plans: each recompiles its graph once.", "",
+            "| accuracy | worst error before | worst error after | attention mean max probability | re-plans "
+            "| codecs |",
+            "|---|---:|---:|---|---:|---|",
+        ]
+        with open(args.out, "w") as f:
+            f.write("\n".join(header + rows) + "\n")
+        with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+            json.dump(raw, f, indent=1)
 
 
 if __name__ == "__main__":
