@@ -128,6 +128,18 @@ def step_budget_round(model, batches, full_ac_peak: int, repeats: int, *, caches
     )
 
 
+def raw_entries(results, step_round) -> list[dict]:
+    """The JSON entries of one model: each strategy with the round it ran
+    in (1, or 2 for the step-budget round, whose adacc is compared with the
+    full AC it was interleaved with, `bench/results_table.py`)."""
+    return [
+        {"name": r.name, "round": round_, "peak_bytes": r.peak_bytes, "step_seconds": r.step_seconds,
+         "losses": r.losses, "compile_seconds": r.compile_seconds, "planning_seconds": r.planning_seconds,
+         "summaries": [x["summary"] for x in r.reports]}
+        for round_, group in ((1, results), (2, step_round)) for r in group
+    ]
+
+
 def step_budget_lines(results) -> list[str]:
     full, ours = results
     return [
@@ -261,14 +273,7 @@ def main(argv=None) -> int:
         )
         text.append(block)
         print(block, flush=True)
-        # Each strategy with the round it ran in: the step-budget round's
-        # adacc is compared with the full AC it was interleaved with.
-        raw[name] = [
-            {"name": r.name, "round": round_, "peak_bytes": r.peak_bytes, "step_seconds": r.step_seconds,
-             "losses": r.losses, "compile_seconds": r.compile_seconds, "planning_seconds": r.planning_seconds,
-             "summaries": [x["summary"] for x in r.reports]}
-            for round_, group in ((1, results), (2, step_round)) for r in group
-        ]
+        raw[name] = raw_entries(results, step_round)
     header = (
         f"## Budget sweep under Inductor — {datetime.date.today()} — {platform.machine()} CPU, {os.cpu_count()} cores, "
         f"torch {torch.__version__}, compile caches {args.caches}\n\nCommand: `{command}`\n"

@@ -91,10 +91,15 @@ def standard_variants(
 
 
 @contextlib.contextmanager
-def _no_caches() -> Iterator[None]:
+def compile_caches(on: bool) -> Iterator[None]:
+    """torch's FX graph and AOTAutograd caches as torch sets them (``on``),
+    or off: every compile from nothing."""
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
+    if on:
+        yield
+        return
     with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
         yield
 
@@ -231,7 +236,7 @@ def run_variants(
     caches) as torch sets them, on by default: what a user's run does. Off,
     every variant compiles from nothing, so compile times compare."""
     measuring = measuring or contextlib.nullcontext
-    with contextlib.nullcontext() if caches else _no_caches(), _each_variant_compiled_once(len(variants)):
+    with compile_caches(caches), _each_variant_compiled_once(len(variants)):
         runners = [_make_runner(v, base_model, lr) for v in variants]
         live = list(runners)
 

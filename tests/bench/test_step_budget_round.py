@@ -38,3 +38,28 @@ def test_the_step_budget_line_compares_with_full_ac_of_the_same_round():
     (line,) = step_budget_lines([full, ours])
     assert "measured 90.0 MiB against full AC's 100.0 MiB" in line
     assert "step time 0.80x full AC's" in line and "4 (saves 1.0 MiB)" in line
+
+
+def test_the_json_keeps_each_strategy_with_its_round():
+    from bench_peak import raw_entries
+
+    first = [VariantResult(name="full AC", peak_bytes=100), VariantResult(name="adacc @0.15", peak_bytes=50)]
+    second = [VariantResult(name="full AC", peak_bytes=101), VariantResult(name="adacc step budget", peak_bytes=99)]
+    entries = raw_entries(first, second)
+    assert [(e["name"], e["round"], e["peak_bytes"]) for e in entries] == [
+        ("full AC", 1, 100), ("adacc @0.15", 1, 50), ("full AC", 2, 101), ("adacc step budget", 2, 99),
+    ]
+
+
+def test_compile_caches_are_torchs_unless_turned_off():
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    from adacc_examples.benchmarking import compile_caches
+
+    with inductor_config.patch(fx_graph_cache=True), functorch_config.patch(enable_autograd_cache=True):
+        with compile_caches(True):
+            assert inductor_config.fx_graph_cache and functorch_config.enable_autograd_cache
+        with compile_caches(False):
+            assert not inductor_config.fx_graph_cache and not functorch_config.enable_autograd_cache
+        assert inductor_config.fx_graph_cache

@@ -29,3 +29,14 @@ def test_gradients_stay_within_the_bound_when_attention_sharpens():
     assert min(result.sharpness[2]) > 0.9  # near one-hot after the sharpening
     assert max(result.errors) < 0.02, result.errors
     assert any(p.codecs for p in plans(result.model))  # the plan does compress (lossy codecs elsewhere)
+
+
+def test_the_worst_error_of_a_diverged_run_is_not_finite():
+    """A run that stopped on a non-finite gradient reports NaN as its worst
+    error, wherever the NaN stands (max() alone would depend on that)."""
+    import math
+
+    assert bench_sharp_attention._worst([0.1, 0.3, 0.2]) == 0.3
+    assert math.isnan(bench_sharp_attention._worst([float("nan"), 0.3]))
+    assert math.isnan(bench_sharp_attention._worst([0.3, float("inf")]))
+    assert bench_sharp_attention._worst([]) == 0.0
