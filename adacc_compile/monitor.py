@@ -12,12 +12,16 @@ values depend on, each intermediate freed after its last use:
 `calibrate.run_forward`) on that call's real inputs, and measures every
 lossy compressed value with the same `Codec.calibrate` on the same row
 sample that planning used, so the numbers compare one to one with the
-plan's calibration (`drift.ValueReference`). The results are read on the
+plan's calibration (`drift.ValueReference`), and the error each value's
+round trip causes in the backward ops that read it, as calibration measures
+it (`gradient_sensitivity`): a drift can leave a value's own error where it
+was and still make the backward amplify it. The results are read on the
 host once per check; the measured overhead is in bench/results/adaptive.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -28,6 +32,7 @@ import torch.fx as fx
 from adacc_compile import compat
 from adacc_compile.kernels import get_codec
 from adacc_compile.passes.calibrate import Calibration, row_sample, run_forward
+from adacc_compile.passes.gradient_sensitivity import gradient_errors
 from adacc_compile.passes.drift import ValueObservation, ValueReference
 from adacc_compile.passes.plan_problem import Decision, PlanSolution
 from adacc_compile.passes.storage_order import in_storage_order
@@ -67,6 +72,7 @@ class ActivationMonitor:
     """Measures the compressed values of one planned graph on real inputs."""
 
     joint: fx.GraphModule
+    info: compat.JointGraphInfo
     primals: list[fx.Node]
     forward: list[fx.Node]
     references: dict[str, ValueReference]
@@ -93,10 +99,16 @@ class ActivationMonitor:
             name: measured[(name, ref.codec)] for name, ref in references.items() if (name, ref.codec) in measured
         }
         return ActivationMonitor(
-            joint=gm, primals=primals, forward=forward, references=references, parameters=parameters
+            joint=gm, info=state.info, primals=primals, forward=forward, references=references, parameters=parameters
         )
 
-    def observe(self, real_inputs: Sequence[Any]) -> list[ValueObservation]:
+    def observe(
+        self, real_inputs: Sequence[Any], parameters: dict[str, torch.Tensor] | None = None
+    ) -> list[ValueObservation]:
+        """Every watched value measured on ``real_inputs``, with the plan's
+        parameters or with ``parameters`` (value -> parameters) in their
+        place (`recalibration` tries new ones this way)."""
+        parameters = self.parameters if parameters is None else parameters
         nodes = {n.name: n for n in self.forward}
         wanted = {nodes[name]: [ref.codec] for name, ref in self.references.items() if name in nodes}
         out: list[ValueObservation] = []
@@ -105,13 +117,21 @@ class ActivationMonitor:
             if not isinstance(value, torch.Tensor):
                 return
             ref = self.references[node.name]
-            codec, parameters = get_codec(ref.codec), self.parameters.get(node.name)
+            codec, measured = get_codec(ref.codec), parameters.get(node.name)
             sample = row_sample(in_storage_order(value))  # as compressed (`storage_order`)
-            stats = codec.calibrate([sample]) if parameters is None else codec.calibrate([sample], parameters)
+            stats = codec.calibrate([sample]) if measured is None else codec.calibrate([sample], measured)
             out.append(ValueObservation(
                 value=node.name, codec=ref.codec, error=stats.relative_error,
                 abs_max=stats.abs_max, outlier_channels=tuple(stats.outlier_channels),
             ))
 
         run_forward(self.joint, self.primals, real_inputs, self.forward, wanted, visit)
-        return out
+        gradients = gradient_errors(
+            self.joint, self.info, {node: codecs for node, codecs in wanted.items()}, real_inputs,
+            {(name, self.references[name].codec): p for name, p in parameters.items()},
+        )
+        return [
+            dataclasses.replace(obs, gradient_error=gradients[(obs.value, obs.codec)].error)
+            if (obs.value, obs.codec) in gradients else obs
+            for obs in out
+        ]

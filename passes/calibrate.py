@@ -57,6 +57,7 @@ from adacc_compile.kernels import CodecStats, get_codec
 
 from .annotate import META_KEY
 from .candidates import CandidateSet
+from .gradient_sensitivity import GradientError, gradient_errors
 from .op_class import OpClass
 from .storage_order import in_storage_order
 
@@ -78,6 +79,9 @@ class OptionCalibration:
     """What `Codec.calibration_parameters` measured on the whole value (on
     the CPU: it travels between ranks pickled), for codecs that take
     parameters; the compiled graph holds it as a constant."""
+    gradient: GradientError | None = None
+    """The worst error the round trip caused in a backward op reading the
+    value (`gradient_sensitivity`); None where none was measured."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"codec": self.codec, "accepted": self.accepted, "declared_bound": self.declared_bound}
@@ -85,6 +89,9 @@ class OptionCalibration:
             out["reason"] = self.reason
         if self.parameters is not None:
             out["parameters_shape"] = list(self.parameters.shape)
+        if self.gradient is not None:
+            out["gradient_error"] = _finite_or_str(self.gradient.error)
+            out["gradient_reader"] = f"{self.gradient.reader} ({self.gradient.op})"
         if self.stats is not None:
             out["relative_error"] = _finite_or_str(self.stats.relative_error)
             out["abs_max"] = _finite_or_str(self.stats.abs_max)
@@ -170,7 +177,53 @@ def calibrate_candidates(
     except Exception as exc:  # noqa: BLE001 - any failure falls back to the declared bounds
         log.warning("adacc: codec calibration failed (%s: %s); using declared codec bounds", type(exc).__name__, exc)
         return not_calibrated(f"forward failed: {type(exc).__name__}: {exc}")
-    return Calibration(used=True, reason="", options=results, seconds=time.perf_counter() - start)
+    calibration = Calibration(used=True, reason="", options=results, seconds=time.perf_counter() - start)
+    checked = with_gradient_errors(gm, info, candidates, calibration, real_inputs)
+    return dataclasses.replace(checked, seconds=time.perf_counter() - start)
+
+
+def with_gradient_errors(
+    gm: fx.GraphModule,
+    info: compat.JointGraphInfo,
+    candidates: CandidateSet,
+    calibration: Calibration,
+    real_inputs: Sequence[Any],
+) -> Calibration:
+    """``calibration`` with each accepted option's gradient error measured
+    (`gradient_sensitivity`) and the options whose gradient error exceeds
+    the codec's declared bound dropped: the bound a mode promises is on
+    the training, not only on the stored value. Options no backward op
+    reads measurably keep their value's verdict. A failure of the run
+    keeps the value verdicts, with a warning."""
+    accepted = {
+        candidates.nodes[value]: [codec for codec, o in per.items() if o.accepted]
+        for value, per in calibration.options.items()
+    }
+    accepted = {node: codecs for node, codecs in accepted.items() if codecs}
+    if not accepted:
+        return calibration
+    try:
+        errors = gradient_errors(gm, info, accepted, real_inputs, calibration.codec_parameters())
+    except Exception as exc:  # noqa: BLE001 - the value verdicts stand
+        log.warning("adacc: gradient check of the codec options failed (%s: %s); value errors alone decide",
+                    type(exc).__name__, exc)
+        return calibration
+    options = {}
+    for value, per in calibration.options.items():
+        options[value] = {}
+        for codec, o in per.items():
+            measured = errors.get((value, codec))
+            if measured is not None:
+                over = not measured.error <= o.declared_bound
+                o = dataclasses.replace(
+                    o, gradient=measured, accepted=o.accepted and not over,
+                    reason=o.reason if not over or not o.accepted else (
+                        f"gradient error {measured.error:.4g} in {measured.reader} ({measured.op}) "
+                        f"> declared bound {o.declared_bound}"
+                    ),
+                )
+            options[value][codec] = o
+    return dataclasses.replace(calibration, options=options)
 
 
 def lossy_options(candidates: CandidateSet) -> dict[str, list[str]]:

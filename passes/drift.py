@@ -9,11 +9,16 @@ calibrated on (`ValueReference`, one per lossy compressed value, from
 Why these tests: a plan chose a codec for a value because, on the batch it
 was compiled for, the codec's error was within its declared bound and its
 payload (sized from the shape alone) held the value well. Training moves
-activations: outlier channels appear and grow, ranges shift. Two things can
-then break the plan's promise:
+activations: outlier channels appear and grow, ranges shift. Three things
+can then break the plan's promise:
 
 * the round-trip error exceeds the codec's declared bound (the promise
   itself; `accuracy` modes are defined by these bounds);
+* the error the round trip causes in a backward op reading the value
+  exceeds the same bound (`gradient_sensitivity`): a drift that leaves the
+  value's own error where it was can still make the backward amplify it
+  (attention that sharpens to near one-hot, read by its backward's
+  cancelling rowsum);
 * more outlier channels than the payload has exact slots for (int8/int4
   outlier codecs keep K = C / 64 channels exact): the early sign that the
   error will grow, measured on the channel statistics alone. The threshold
@@ -65,6 +70,9 @@ class ValueObservation:
     error: float
     abs_max: float
     outlier_channels: tuple[int, ...] = ()
+    gradient_error: float | None = None
+    """The worst relative error the round trip causes in a backward op
+    reading the value (`gradient_sensitivity`); None where not measured."""
 
     def churn(self, reference: ValueReference) -> float:
         """Share of today's outlier channels that were not outliers at
@@ -88,7 +96,7 @@ class DriftRule:
     """An error this many times its bound (or not finite) fires at once."""
 
     def urgent(self, drift: "Drift") -> bool:
-        return drift.test == "error" and (
+        return drift.test in ("error", "gradient") and (
             not math.isfinite(drift.observed) or drift.observed >= self.urgent_factor * drift.limit
         )
 
@@ -106,13 +114,15 @@ class Drift:
     value: str
     codec: str
     test: str
-    """"error" or "outliers"."""
+    """"error", "gradient" or "outliers"."""
     observed: float
     limit: float
 
     def describe(self) -> str:
         if self.test == "error":
             return f"{self.value} ({self.codec}): error {self.observed:.4g} > bound {self.limit:.4g}"
+        if self.test == "gradient":
+            return f"{self.value} ({self.codec}): gradient error {self.observed:.4g} > bound {self.limit:.4g}"
         return f"{self.value} ({self.codec}): {int(self.observed)} outlier channels > {int(self.limit)}"
 
 
@@ -122,6 +132,10 @@ def failures(reference: ValueReference, observed: ValueObservation, rule: DriftR
     if not math.isfinite(observed.error) or observed.error > reference.bound:
         out.append(Drift(value=reference.value, codec=reference.codec, test="error",
                          observed=observed.error, limit=reference.bound))
+    gradient = observed.gradient_error
+    if gradient is not None and (not math.isfinite(gradient) or gradient > reference.bound):
+        out.append(Drift(value=reference.value, codec=reference.codec, test="gradient",
+                         observed=gradient, limit=reference.bound))
     limit = rule.outlier_limit(reference)
     headroom_used = observed.error > (reference.error + reference.bound) / 2
     if limit is not None and len(observed.outlier_channels) > limit and headroom_used:

@@ -11,6 +11,7 @@ import torch
 from adacc_compile.kernels import get_codec
 from adacc_compile.partitioner import AdaccPartitioner
 from adacc_compile.config import AdaccConfig
+from adacc_compile.passes import calibrate as calibrate_module
 from adacc_compile.passes.calibrate import _input_mismatch, calibrate_candidates
 from adacc_test_utils import build, compile_with_reports, loss_and_grads
 
@@ -219,3 +220,48 @@ def test_codec_parameters_lists_accepted_parameterised_options_only():
         "b": {"int8_smooth": option("int8_smooth", False, factors)},
     })  # fmt: skip
     assert calibration.codec_parameters() == {("a", "int8_smooth"): factors}
+
+
+def test_an_option_whose_gradient_error_exceeds_the_bound_is_dropped():
+    """A ReLU's output is also its backward's mask: int8 rounds small
+    positive values to zero and switches their gradients off, so the
+    gradient error in ``threshold_backward`` exceeds int8's bound although
+    the value's own error does not. Those options are dropped, and say why."""
+    balanced = {"memory_budget": 0.3, "accuracy": "balanced", "allow_recompute": False, "device_profile": "h100"}
+
+    class ReluMlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                torch.nn.Linear(64, 1),
+            )
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.mse_loss(self.net(x).squeeze(-1), y)
+
+    torch.manual_seed(0)
+    model = ReluMlp()
+    generator = torch.Generator().manual_seed(0)
+    batch = (torch.randn(32, 16, generator=generator), torch.randn(32, generator=generator))
+    captured = []
+    original = calibrate_module.with_gradient_errors
+
+    def spy(*args, **kwargs):
+        captured.append(original(*args, **kwargs))
+        return captured[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(calibrate_module, "with_gradient_errors", spy)
+        compiled, partitioner = compile_with_reports(model, "adacc_eager", balanced)
+        loss_and_grads(model, compiled, *batch)
+    (calibration,) = captured
+    dropped = [o for o in calibration.rejected if o.reason.startswith("gradient error")]
+    assert dropped, [(o.value, o.codec, o.reason) for o in calibration.rejected]
+    for option in dropped:
+        assert option.stats.relative_error <= option.declared_bound < option.gradient.error
+        assert "threshold_backward" in option.reason
+    rejected = partitioner.reports[-1]["summary"]["calibration"]["rejected"]
+    assert {f"{o.value}:{o.codec}" for o in dropped} <= set(rejected)
+    chosen = {(r["name"], r["codec"]) for r in partitioner.reports[-1]["plan"] if r["decision"] == "compress"}
+    assert not chosen & {(o.value, o.codec) for o in dropped}

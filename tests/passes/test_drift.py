@@ -70,3 +70,24 @@ def test_an_error_far_over_its_bound_fires_at_the_first_check():
         assert [(d.value, d.test) for d in fired] == [("x", "error")], error
     detector = DriftDetector({"x": REF}, DriftRule(patience=3))
     assert detector.check([obs(error=4 * REF.bound)]) == []  # over, but not far: patience applies
+
+
+def test_gradient_error_over_the_bound_fails_even_where_the_value_error_does_not():
+    import dataclasses
+
+    amplified = dataclasses.replace(obs(), gradient_error=0.04)
+    (found,) = failures(REF, amplified, DriftRule())
+    assert (found.test, found.observed, found.limit) == ("gradient", 0.04, 0.015)
+    assert found.describe() == "x (int8_outlier): gradient error 0.04 > bound 0.015"
+    assert failures(REF, dataclasses.replace(obs(), gradient_error=0.01), DriftRule()) == []
+
+
+def test_a_gradient_error_far_over_the_bound_fires_at_once():
+    import dataclasses
+
+    detector = DriftDetector({"x": REF}, DriftRule(patience=2, urgent_factor=5.0))
+    assert detector.check([dataclasses.replace(obs(), gradient_error=0.03)]) == []  # 2x: patience
+    fired = detector.check([dataclasses.replace(obs(), gradient_error=0.08)])  # over 5x: at once
+    assert [d.test for d in fired] == ["gradient"]
+    fresh = DriftDetector({"x": REF}, DriftRule(patience=2, urgent_factor=5.0))
+    assert [d.test for d in fresh.check([dataclasses.replace(obs(), gradient_error=0.08)])] == ["gradient"]
