@@ -14,14 +14,20 @@ optimizer step are done), every `AdaccConfig.adapt_every`-th call:
 2. tests them against the plan's calibration (`passes.drift`: error above
    the codec's bound, more outlier channels than the payload holds exactly,
    each over `adapt_patience` consecutive checks);
-3. on drift, or when `replan` asked for one, re-plans: the same Dynamo graph
-   goes through AOTAutograd and the whole pipeline again, calibrated on this
-   call's inputs (the current weights and batch), so the MILP sees the new
-   statistics; the new compiled graph runs from this call on.
+3. on drift in values whose codecs hold calibrated parameters (fp8's
+   scale, int8_smooth's channel factors), first tries new parameters
+   measured on this call's inputs: if every compressed value is within its
+   bounds with them, they are copied into the compiled graph's constants
+   and nothing recompiles (`recalibration`; single-process runs);
+4. otherwise, on drift, or when `replan` asked for one, re-plans: the same
+   Dynamo graph goes through AOTAutograd and the whole pipeline again,
+   calibrated on this call's inputs (the current weights and batch), so the
+   MILP sees the new statistics; the new compiled graph runs from this call
+   on.
 
-Each re-plan is exactly one recompile, of this graph only: the controller
-swaps what it calls, so Dynamo's guards and other graphs are untouched and
-Dynamo itself does not recompile. Steps already in flight keep their own
+Each re-plan other than a recalibration is exactly one recompile, of this
+graph only: the controller swaps what it calls, so Dynamo's guards and
+other graphs are untouched and Dynamo itself does not recompile. Steps already in flight keep their own
 backward (AOTAutograd's autograd node holds it). At most
 `AdaccConfig.adapt_max_replans` re-plans per graph; then drift is logged,
 not acted on. Training state is untouched: the monitor runs under no_grad
@@ -58,6 +64,7 @@ import torch.fx as fx
 from adacc_compile import rank_zero
 from adacc_compile.monitor import ActivationMonitor
 from adacc_compile.passes.drift import DriftDetector, DriftRule, ValueObservation
+from adacc_compile.recalibration import Recalibration, live_parameters, recalibrate, swap_in
 from adacc_compile.step_ledger import LEDGER
 
 if TYPE_CHECKING:
@@ -83,6 +90,9 @@ class PlanVersion:
     summary: dict[str, Any] = field(default_factory=dict)
     plan: list[dict[str, Any]] = field(default_factory=list)
     dump_folder: str | None = None
+    recompiled: bool = True
+    """False for a recalibration: the same plan with new codec parameters
+    swapped into the compiled graph (`recalibration`)."""
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -103,7 +113,8 @@ class CheckRecord:
     """Value -> codec, error, bound, abs_max, outliers, churn."""
     drifts: tuple[str, ...] = ()
     action: str = ""
-    """"replan", "capped" (drift, but no re-plans left) or ""."""
+    """"replan", "recalibrate" (new codec parameters, no recompile),
+    "capped" (drift, but no re-plans left) or ""."""
 
 
 class AdaptiveGraph:
@@ -172,21 +183,30 @@ class AdaptiveGraph:
 
     def _check(self, args: tuple[Any, ...]) -> None:
         assert self.monitor is not None and self.detector is not None
-        start = time.perf_counter()
+        start, version = time.perf_counter(), self.current.version
         observations = self.monitor.observe(args)
         drifts = self.detector.check(observations)
-        if rank_zero.distributed():  # rank 0's verdict: every rank re-plans at the same step
+        distributed = rank_zero.distributed()
+        if distributed:  # rank 0's verdict: every rank re-plans at the same step
             drifts = rank_zero.from_rank_zero("drift", lambda: drifts, self.config.plan_check_timeout_s)
-        seconds = time.perf_counter() - start
-        action = ""
+        reasons = tuple(d.describe() for d in drifts)
+        action, refused = "", ""
         if drifts:
             action = "replan" if self.replans < self.config.adapt_max_replans else "capped"
+        if action == "replan" and self.live and not distributed:  # ranks re-plan on rank 0's batch instead
+            recalibration = recalibrate(self.monitor, self.live, drifts, args, self.rule)
+            refused = recalibration.refused
+            if not refused:
+                action = "recalibrate"
+                self._recalibrate(recalibration, reasons=reasons)
         self.checks.append(CheckRecord(
-            step=self.calls, plan_version=self.current.version, seconds=seconds,
-            values=self._measured(observations), drifts=tuple(d.describe() for d in drifts), action=action,
+            step=self.calls, plan_version=version, seconds=time.perf_counter() - start,
+            values=self._measured(observations), drifts=reasons, action=action,
         ))
         if action == "replan":
-            self._replan(args, trigger="drift", reasons=tuple(d.describe() for d in drifts))
+            if refused:
+                log.info("adacc graph %d: drift at step %d needs a re-plan: %s", self.graph_index, self.calls, refused)
+            self._replan(args, trigger="drift", reasons=reasons)
         elif action == "capped" and not self.capped_logged:
             self.capped_logged = True
             log.warning(
@@ -195,6 +215,29 @@ class AdaptiveGraph:
                 self.config.adapt_max_replans,
             )
         self._write_history()
+
+    def _recalibrate(self, recalibration: Recalibration, *, reasons: tuple[str, ...]) -> None:
+        """Swaps the new parameters in (`recalibration.swap_in`) and records
+        a plan version that did not recompile; the drift tests compare with
+        what was measured with the new parameters from now on, and a value
+        that was failing without having drifted keeps its count."""
+        assert self.monitor is not None
+        swap_in(recalibration, self.live, self.monitor)
+        for obs in recalibration.observations:
+            ref = self.monitor.references[obs.value]
+            self.monitor.references[obs.value] = dataclasses.replace(
+                ref, error=obs.error, abs_max=obs.abs_max, outlier_channels=obs.outlier_channels
+            )
+        assert self.detector is not None  # reads the same references; recalibrated values start afresh
+        self.detector.streak = {k: n for k, n in self.detector.streak.items() if k[0] not in recalibration.parameters}
+        previous = self.current
+        self.versions.append(PlanVersion(
+            version=len(self.versions), step=self.calls, trigger="drift", reasons=reasons,
+            changed={name: "parameters recalibrated" for name in recalibration.parameters},
+            summary=previous.summary, plan=previous.plan, dump_folder=previous.dump_folder, recompiled=False,
+        ))
+        log.info("adacc graph %d: recalibrated %d codec parameter set(s) at step %d without recompiling (%s)",
+                 self.graph_index, len(recalibration.parameters), self.calls, "; ".join(reasons[:3]))
 
     def _measured(self, observations: list[ValueObservation]) -> dict[str, dict[str, Any]]:
         out = {}
@@ -239,6 +282,7 @@ class AdaptiveGraph:
         fresh hysteresis counters, dumps and log line."""
         self._choices = dict(state.solution.choices) if state.solution is not None else None
         self.monitor = ActivationMonitor.from_state(state)
+        self.live = live_parameters(state.fw_module, self.monitor) if self.monitor is not None else {}
         self.detector = DriftDetector(self.monitor.references, self.rule) if self.monitor else None
         records = list(state.report.get("plan", []))
         summary = dict(state.report.get("summary", {}))

@@ -215,6 +215,8 @@ class AdaccPartitioner(compat_inductor.custom_partitioner_base()):  # type: igno
             patches: dict[str, Any] = {"custom_partitioner_fn": self}
             if not self.config.inductor_buffer_reuse:  # frees at last use, as the plan's model does
                 patches["allow_buffer_reuse"] = False
+            if self.config.adapt:  # codec parameters stay tensors a recalibration can overwrite
+                patches["always_keep_tensor_constants"] = True
             compiled = compat_inductor.inductor_compile(
                 gm, example_inputs, patches, pinned_meta_key=PLACED, whole_ops=self.whole_ops()
             )

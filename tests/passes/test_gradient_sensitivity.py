@@ -10,7 +10,6 @@ no longer needs and leaves the RNG state as it was."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 
