@@ -327,3 +327,14 @@ def real_tensors() -> Any:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     return unset_fake_temporarily()
+
+
+def checkpoint_side_effects_not_replayed() -> Any:
+    """Context manager: Dynamo compiles a checkpointed region whose forward
+    writes state outside it (Hugging Face's hub-kernel wrapper sets a
+    module-level variable around every attention forward) instead of
+    breaking the graph and running the region eagerly; the write is then
+    not replayed when the backward recomputes the region."""
+    import torch._dynamo.config as dynamo_config
+
+    return dynamo_config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True)

@@ -16,6 +16,9 @@ Variants (by name):
                      at the same ratio (its "dp" / "ilp" knapsack solvers)
     adacc            backend="adacc" (MILP) at the budget
     adacc_recompute_all / adacc_keep_all   adacc with those planners
+    checkpoint_policy  torch.compile of a model whose ``Variant.prepare`` set
+                     up its own activation checkpointing (a selective-checkpoint
+                     policy per block, say), under an Inductor backend of its own
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import copy
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -40,16 +43,23 @@ Batch = tuple[torch.Tensor, ...]
 class Variant:
     name: str
     kind: str
-    """"eager", "inductor", "full_ac", "torch_budget", "adacc", "adacc_eager"."""
+    """"eager", "inductor", "full_ac", "torch_budget", "adacc", "adacc_eager", "checkpoint_policy"."""
     budget: float = 1.0
     solver: str = "dp"
     options: dict[str, Any] = field(default_factory=dict)
+    prepare: Callable[[torch.nn.Module], None] | None = None
+    """Kind "checkpoint_policy": called on the variant's own copy of the
+    model before it is compiled (to install its checkpointing)."""
 
 
 @dataclass(slots=True, kw_only=True)
 class VariantResult:
     name: str
     peak_bytes: int = 0
+    step_peak_bytes: int | None = None
+    """Peak of a whole training step (forward, backward and the optimizer
+    step) above what was allocated before it, ``run_variants(step_peak=True)``
+    only; ``peak_bytes`` is the forward and backward's."""
     predicted_peak_bytes: int | None = None
     planned_saved_bytes: int | None = None
     baseline_saved_bytes: int | None = None
@@ -174,7 +184,24 @@ def _inductor_at_budget(variant: Variant) -> Callable[..., Any]:
     return backend
 
 
-def _make_runner(variant: Variant, base_model: torch.nn.Module, lr: float) -> _Runner:
+def _own_inductor_backend() -> Callable[..., Any]:
+    """Inductor under a backend object of its own, so that Dynamo never runs
+    one variant's cached code for another's copy of the model (see
+    `_inductor_at_budget`)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        return compile_fx(gm, example_inputs)
+
+    return backend
+
+
+OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+
+
+def _make_runner(
+    variant: Variant, base_model: torch.nn.Module, lr: float, optimizer: OptimizerFactory | None = None
+) -> _Runner:
     model = copy.deepcopy(base_model)
     partitioner = None
     if variant.kind == "eager":
@@ -188,10 +215,15 @@ def _make_runner(variant: Variant, base_model: torch.nn.Module, lr: float) -> _R
     elif variant.kind in ("adacc", "adacc_eager"):
         partitioner = AdaccPartitioner(AdaccConfig.from_options(variant.options))
         fn = torch.compile(model, backend=partitioner.backend(eager=variant.kind == "adacc_eager"))
+    elif variant.kind == "checkpoint_policy":
+        if variant.prepare is None:
+            raise ValueError(f"variant {variant.name!r} of kind 'checkpoint_policy' needs a prepare function")
+        variant.prepare(model)
+        fn = torch.compile(model, backend=_own_inductor_backend())
     else:
         raise ValueError(f"unknown variant kind {variant.kind!r}")
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    return _Runner(variant, model, fn, optimizer, partitioner, VariantResult(name=variant.name))
+    opt = optimizer(model.parameters()) if optimizer is not None else torch.optim.SGD(model.parameters(), lr=lr)
+    return _Runner(variant, model, fn, opt, partitioner, VariantResult(name=variant.name))
 
 
 def error_line(exc: BaseException) -> str:
@@ -216,6 +248,10 @@ def run_variants(
     measuring: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     keep_going: bool = False,
     caches: bool = False,
+    optimizer: OptimizerFactory | None = None,
+    step_peak: bool = False,
+    should_start: Callable[[Variant], bool] | None = None,
+    progress: Callable[[list[VariantResult]], None] | None = None,
 ) -> list[VariantResult]:
     """Trains every variant on ``batches`` (one step each, first step
     compiles), then measures peak memory and interleaved step times.
@@ -234,11 +270,22 @@ def run_variants(
 
     ``caches=True`` leaves torch's compile caches (FX graph and AOTAutograd
     caches) as torch sets them, on by default: what a user's run does. Off,
-    every variant compiles from nothing, so compile times compare."""
+    every variant compiles from nothing, so compile times compare.
+
+    ``optimizer`` makes each variant's optimizer from its parameters
+    (default: SGD at ``lr``). ``step_peak=True`` also measures the peak of a
+    whole step, the optimizer's included (`VariantResult.step_peak_bytes`).
+    For runs on a clock: ``should_start(variant)`` is asked before each
+    variant compiles, and a variant it refuses is reported as not run;
+    ``progress(results)`` is called after each variant's compile, after the
+    peaks and after the timing, so that a run cut short has written what it
+    measured."""
     measuring = measuring or contextlib.nullcontext
+    report = progress or (lambda results: None)
     with compile_caches(caches), _each_variant_compiled_once(len(variants)):
-        runners = [_make_runner(v, base_model, lr) for v in variants]
+        runners = [_make_runner(v, base_model, lr, optimizer) for v in variants]
         live = list(runners)
+        results = [r.result for r in runners]
 
         def each(action: Callable[[_Runner], None]) -> None:
             for runner in list(live):
@@ -251,16 +298,30 @@ def run_variants(
                     live.remove(runner)
 
         def compile_step(runner: _Runner) -> None:
+            if should_start is not None and not should_start(runner.variant):
+                runner.result.error = "not run: time budget spent"
+                live.remove(runner)
+                return
             start = time.perf_counter()
             runner.result.losses.append(runner.train_step(batches[0], seed=0))
             runner.result.compile_seconds = time.perf_counter() - start
             _collect_plan(runner)
+            report(results)
 
         def peak(runner: _Runner) -> None:
             runner.optimizer.zero_grad(set_to_none=True)
             batch = batches[0]
             with runner.compile_context():
                 runner.result.peak_bytes = measure_peak_bytes(lambda: runner.fn(*batch).backward(), device)
+            if step_peak:
+                runner.optimizer.zero_grad(set_to_none=True)
+
+                def whole_step() -> None:
+                    runner.fn(*batch).backward()
+                    runner.optimizer.step()
+
+                with runner.compile_context():
+                    runner.result.step_peak_bytes = measure_peak_bytes(whole_step, device)
 
         def timed_step(runner: _Runner) -> None:
             if device == "cuda":
@@ -277,12 +338,14 @@ def run_variants(
         each(_collect_plan)  # a graph re-planned in the warm-up steps (step budgets across graph breaks)
         with measuring():
             each(peak)
+            report(results)
             for _ in range(timing_repeats):
                 each(timed_step)
+        report(results)
         if kernel_profile_steps > 0:
             for runner in live:
                 runner.result.kernel_seconds = _kernel_seconds(runner, batches[0], kernel_profile_steps)
-    return [r.result for r in runners]
+    return results
 
 
 def _kernel_seconds(runner: _Runner, batch: Batch, steps: int) -> dict[str, float]:
