@@ -65,7 +65,6 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 import _examples_path  # noqa: F401  (examples/ on sys.path)
 import apm_policy
-from adacc_compile import compat
 from adacc_examples.benchmarking import Variant, VariantResult, run_variants
 from bench_peak import HFCausalLM
 from gpu_check import Report, machine_line, measuring
@@ -462,13 +461,10 @@ def free_device_memory(device: torch.device) -> None:
 
 def run_round(model: HFCausalLM, batches: Sequence[tuple[torch.Tensor, ...]], variants: list[Variant], run: Run,
               index: int, clock: Clock, **common: Any) -> list[VariantResult]:
-    """One round of `run_variants`, reporting as it goes. Dynamo compiles
-    each checkpointed block whole (`compat.checkpoint_side_effects_not_replayed`:
-    Hugging Face's attention writes a module-level variable, which would
-    otherwise break the graph and run every checkpointed block eagerly)."""
-    with compat.checkpoint_side_effects_not_replayed():
-        return run_variants(model, batches, variants, should_start=clock.gate(lambda: run.results(index)),
-                            progress=run.progress(index, variants), **common)
+    """One round of `run_variants`, reporting as it goes (which compiles
+    each checkpointed block whole: `compat.checkpoint_side_effects_not_replayed`)."""
+    return run_variants(model, batches, variants, should_start=clock.gate(lambda: run.results(index)),
+                        progress=run.progress(index, variants), **common)
 
 
 @dataclass(slots=True)
