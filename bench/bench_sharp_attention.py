@@ -1,19 +1,23 @@
-"""Gradient error of lossy plans when attention sharpens mid-training.
+"""Gradient error of lossy plans when the activations drift mid-training.
 
     python bench/bench_sharp_attention.py [--steps 30] [--sharpen-at 12] [--scale 30]
-        [--backend adacc_eager] [--accuracy balanced aggressive] [--out PATH.md]
-        [--without-lossy-use-rule]
+        [--drift sharpen|saturate] [--backend adacc_eager] [--accuracy balanced aggressive]
+        [--out PATH.md] [--without-lossy-use-rule] [--without-gradient-check]
 
 HF GPT-2 (2 layers, n_embd 128, seq 64, batch 4, random weights), compiled
 with ``memory_budget=0.3, accuracy=<each --accuracy mode>,
 allow_recompute=False, adapt=True, adapt_every=4``, trained with SGD. At ``--sharpen-at`` the
 query and key projections are scaled by ``--scale`` (attention near
-one-hot). Every step, an eager copy with the same weights and batch gives
+one-hot); with ``--drift saturate`` every block's second layer norm weight
+is scaled instead (``--scale`` 1e4: an fp8 scale calibrated before is far
+past its headroom). Every step, an eager copy with the same weights and batch gives
 the reference gradients; printed: the relative error of the whole gradient
 and of the worst parameter, the attention's mean max probability at the
-start and at the sharpening, the re-plans, and the plan's codecs.
-``--without-lossy-use-rule`` empties `passes.lossy_uses`' rules (what ran
-before them). `tests/e2e/test_sharp_attention.py` runs a short `run`.
+start and at the sharpening, the re-plans (those that recompiled and the
+recalibrations that did not), and the plan's codecs.
+``--without-lossy-use-rule`` empties `passes.lossy_uses`' rules and
+``--without-gradient-check`` turns calibration's gradient check off
+(`passes.gradient_sensitivity`): what ran before each. `tests/e2e/test_sharp_attention.py` runs a short `run`.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class SharpRun:
 
 
 def run(*, steps: int, sharpen_at: int, scale: float = 30.0, backend: str = "adacc_eager",
-        adapt_every: int = 4, accuracy: str = "balanced",
+        adapt_every: int = 4, accuracy: str = "balanced", drift: str = "sharpen",
         report: Callable[[str], None] = lambda line: None) -> SharpRun:
     import transformers
 
@@ -67,7 +71,10 @@ def run(*, steps: int, sharpen_at: int, scale: float = 30.0, backend: str = "ada
         if step == sharpen_at:
             with torch.no_grad():
                 for block in model.transformer.h:
-                    block.attn.c_attn.weight[:, : 2 * CONFIG["n_embd"]] *= scale
+                    if drift == "sharpen":
+                        block.attn.c_attn.weight[:, : 2 * CONFIG["n_embd"]] *= scale
+                    else:
+                        block.ln_2.weight *= scale
         ids = torch.randint(0, CONFIG["vocab_size"], (4, 64), generator=generator)
         if step in (0, sharpen_at):
             result.sharpness[step] = sharpness(ids)
@@ -108,12 +115,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--sharpen-at", type=int, default=12)
-    parser.add_argument("--scale", type=float, default=30.0)
+    parser.add_argument("--scale", type=float, help="default 30 (sharpen), 1e4 (saturate)")
+    parser.add_argument("--drift", choices=("sharpen", "saturate"), default="sharpen")
     parser.add_argument("--backend", default="adacc_eager")
     parser.add_argument("--accuracy", nargs="+", default=["balanced"], choices=("balanced", "aggressive"))
     parser.add_argument("--out", help="write a table per mode to this .md (and the per-step errors beside, .json)")
     parser.add_argument("--without-lossy-use-rule", action="store_true")
+    parser.add_argument("--without-gradient-check", action="store_true")
     args = parser.parse_args()
+    if args.scale is None:
+        args.scale = 30.0 if args.drift == "sharpen" else 1e4
     from adacc_compile.adaptation import graphs_of
     from adacc_compile.plan_records import plans
 
@@ -121,25 +132,32 @@ def main() -> None:
         from adacc_compile.passes import lossy_uses
 
         lossy_uses._BY_OP = {}
+    if args.without_gradient_check:
+        from adacc_compile.passes import calibrate
+
+        calibrate.with_gradient_errors = lambda gm, info, candidates, calibration, real_inputs: calibration
     rows, raw = [], {}
     for accuracy in args.accuracy:
         print(f"== accuracy={accuracy}", flush=True)
         result = run(steps=args.steps, sharpen_at=args.sharpen_at, scale=args.scale, backend=args.backend,
-                     accuracy=accuracy, report=lambda line: print(line, flush=True))
+                     accuracy=accuracy, drift=args.drift, report=lambda line: print(line, flush=True))
         replans = sum(graph.replans for graph in graphs_of(result.model))
+        recompiles = sum(graph.compiles - 1 for graph in graphs_of(result.model))
         codecs = sorted({c for plan in plans(result.model) for c in plan.codecs})
         print(f"worst gradient error {_worst(result.errors):.4f}")
         for graph in graphs_of(result.model):
-            print(f"re-plans {graph.replans}: {[(c.step, c.drifts) for c in graph.checks if c.drifts]}")
+            print(f"re-plans {graph.replans}: {[(c.step, c.action, c.drifts) for c in graph.checks if c.drifts]}")
         for plan in plans(result.model):
             print(f"codecs {plan.codecs}, decisions {plan.decisions}")
         before, after = result.errors[: args.sharpen_at], result.errors[args.sharpen_at:]
         rows.append(
             f"| {accuracy} | {_worst(before):.4f} | {_worst(after):.4f}"
             f"{'' if len(result.errors) == args.steps else f' (diverged at step {len(result.errors) - 1})'} | "
-            f"{result.sharpness[0]} -> {result.sharpness.get(args.sharpen_at)} | {replans} | {', '.join(codecs)} |"
+            f"{result.sharpness[0]} -> {result.sharpness.get(args.sharpen_at)} | {replans} | {recompiles} | "
+            f"{', '.join(codecs)} |"
         )
-        raw[accuracy] = {"errors": result.errors, "sharpness": result.sharpness, "replans": replans, "codecs": codecs}
+        raw[accuracy] = {"errors": result.errors, "sharpness": result.sharpness, "replans": replans,
+                         "recompiles": recompiles, "codecs": codecs}
     if args.out:
         import json
         import os
@@ -147,11 +165,12 @@ def main() -> None:
 
         header = [
             f"Command: `python bench/bench_sharp_attention.py {' '.join(sys.argv[1:])}`", "",
-            f"Gradient error of the whole gradient against eager's (a lossless plan's), per step; the sharpening "
-            f"at step {args.sharpen_at} of {args.steps}. Re-plans: each recompiles its graph once.", "",
+            f"Gradient error of the whole gradient against eager's (a lossless plan's), per step; the drift "
+            f"({args.drift}, x{args.scale:g}) at step {args.sharpen_at} of {args.steps}. Re-plans: all plan changes; "
+            "recompiles: those that compiled the graph again (a recalibration swaps codec parameters in place).", "",
             "| accuracy | worst error before | worst error after | attention mean max probability | re-plans "
-            "| codecs |",
-            "|---|---:|---:|---|---:|---|",
+            "| recompiles | codecs |",
+            "|---|---:|---:|---|---:|---:|---|",
         ]
         with open(args.out, "w") as f:
             f.write("\n".join(header + rows) + "\n")

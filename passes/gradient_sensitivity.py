@@ -18,17 +18,20 @@ measures every use instead of assuming.
 How: every backward op that reads the value (directly or through views of
 it) runs twice on the real batch, once on the value and once on its codec
 round trip (as the compiled graph runs it: in storage order, with the
-calibrated parameters); the option's gradient error is the largest relative
-error (Frobenius) among those ops' tensor outputs. The upstream gradients
-those ops read depend on the loss and on later layers, which are not run
-here: they are seeded Gaussian noise of their shape, the same in both runs.
-The amplification this pass looks for is a property of the saved value and
-the op (near one-hot attention cancels for any upstream gradient), not of
-one particular upstream gradient. Backward inputs that do not depend on
-the tangents (a transposed weight, a recomputed mask) are computed from the
-real forward values. What it does not see: the same error carried on
-through later backward ops (each reading op is measured alone), and
-several compressed values' errors adding up.
+calibrated parameters), together with the elementwise backward ops that
+follow it (up to `CHAIN_LIMIT` ops: an activation's backward multiplies by
+further derivative factors, which can grow an error the reading op's own
+output hides); the option's gradient error is the largest relative error
+(Frobenius) among those ops' tensor outputs. The upstream gradients those
+ops read depend on the loss and on later layers, which are not run here:
+they are seeded Gaussian noise of their shape, the same in both runs. The
+amplification this pass looks for is a property of the saved value and the
+ops (near one-hot attention cancels for any upstream gradient), not of one
+particular upstream gradient. Backward inputs that do not depend on the
+tangents (a transposed weight, a recomputed mask) are computed from the
+real forward values. What it does not see: the error carried on through
+matmuls and reductions further down the backward, and several compressed
+values' errors adding up.
 
 A few-bit codec that gives back a derivative (`DecompressKind.DERIVATIVE`)
 is measured on the backward op it replaces: the gradient times the
@@ -76,10 +79,49 @@ class GradientError:
 
 @dataclass(frozen=True, slots=True)
 class _Reads:
-    """One backward op reading candidate values (directly or through views)."""
+    """One backward op reading candidate values (directly or through views),
+    with the elementwise backward ops after it (`_elementwise_chain`)."""
 
     reader: fx.Node
     values: tuple[fx.Node, ...]
+    chain: tuple[fx.Node, ...]
+    """``reader`` first, then its elementwise followers, in graph order."""
+
+    def inputs(self) -> list[fx.Node]:
+        """What the chain reads from outside it."""
+        members, out = set(self.chain), []
+        for node in self.chain:
+            for a in node.all_input_nodes:
+                if a not in members and a not in out:
+                    out.append(a)
+        return out
+
+
+#: At most this many backward ops are run per check: the reading op and the
+#: elementwise ops that follow it.
+CHAIN_LIMIT = 8
+_ELEMENTWISE = (OpClass.ELEMENTWISE, OpClass.ACTIVATION, OpClass.VIEW)
+
+
+def _elementwise_chain(reader: fx.Node, backward: frozenset[fx.Node]) -> tuple[fx.Node, ...]:
+    """``reader`` and the elementwise backward ops fed by it (and by each
+    other), up to `CHAIN_LIMIT` ops, in graph order. Why: an activation's
+    backward multiplies what the reading op gives by further derivative
+    factors, elementwise, and those can grow an error the reading op's own
+    output hides (a saturated tanh: ``1 - y^2`` near zero where the
+    codec's rounding of ``y`` is not, then times a factor growing with the
+    square of the input)."""
+    chain, frontier = [reader], [reader]
+    while frontier and len(chain) < CHAIN_LIMIT:
+        for user in frontier.pop(0).users:
+            kind = getattr(user.meta.get(META_KEY), "op_class", None)
+            if user in backward and user.op == "call_function" and kind in _ELEMENTWISE and user not in chain:
+                chain.append(user)
+                frontier.append(user)
+                if len(chain) == CHAIN_LIMIT:
+                    break
+    order = {n: i for i, n in enumerate(reader.graph.nodes)}
+    return tuple(sorted(chain, key=order.__getitem__))
 
 
 def gradient_errors(
@@ -101,10 +143,10 @@ def gradient_errors(
             for user in alias.users:
                 if user in backward and user.op == "call_function" and value not in reads.get(user, ()):
                     reads.setdefault(user, []).append(value)
-    checks = [_Reads(reader, tuple(values)) for reader, values in reads.items()]
+    checks = [_Reads(reader, tuple(values), _elementwise_chain(reader, backward)) for reader, values in reads.items()]
     needed = _needed(checks, aliases, backward)
     runnable = _runnable(gm, needed)
-    checks = [c for c in checks if all(a in runnable or a in backward for a in c.reader.all_input_nodes)]
+    checks = [c for c in checks if all(a in runnable or a in backward for a in c.inputs())]
     if not checks:
         return {}
     steps = _schedule(gm, needed & runnable, checks)
@@ -126,7 +168,7 @@ def _aliases(value: fx.Node) -> list[fx.Node]:
 
 def _needed(checks: list[_Reads], aliases: dict[fx.Node, list[fx.Node]], backward: frozenset[fx.Node]) -> set[fx.Node]:
     """The tangent-free nodes the checks read, with their ancestors."""
-    stack = [a for c in checks for a in c.reader.all_input_nodes if a not in backward]
+    stack = [a for c in checks for a in c.inputs() if a not in backward]
     stack += [a for c in checks for v in c.values for a in aliases[v]]
     seen: set[fx.Node] = set()
     while stack:
@@ -171,8 +213,7 @@ def _schedule(gm: fx.GraphModule, nodes: set[fx.Node], checks: list[_Reads]) -> 
     items: list[fx.Node | _Reads] = [*sorted(nodes, key=index.__getitem__), *checks]
 
     def inputs(item: fx.Node | _Reads) -> list[fx.Node]:
-        node = item.reader if isinstance(item, _Reads) else item
-        own = [a for a in node.all_input_nodes if a in nodes]
+        own = [a for a in (item.inputs() if isinstance(item, _Reads) else item.all_input_nodes) if a in nodes]
         if isinstance(item, _Reads):
             own = [a for a in own if a not in item.values]
             own += list(item.values)
@@ -217,7 +258,7 @@ def _run(
     last_use: dict[fx.Node, int] = {}
     for i, step in enumerate(steps):
         if isinstance(step, _Reads):
-            used = [a for a in step.reader.all_input_nodes if a not in backward]
+            used = [a for a in step.inputs() if a not in backward]
             used += [a for v in step.values for a in aliases[v]]
         else:
             used = step.all_input_nodes
@@ -239,7 +280,7 @@ def _run(
                     key = (error.value, error.codec)
                     if key not in out or not error.error <= out[key].error:
                         out[key] = error
-                used = [a for a in step.reader.all_input_nodes] + [a for v in step.values for a in aliases[v]]
+                used = step.inputs() + [a for v in step.values for a in aliases[v]]
             else:
                 if step.op == "call_function":
                     args, kwargs = fx.node.map_arg((step.args, step.kwargs), env.__getitem__)
@@ -264,29 +305,40 @@ def _check(
     backward: frozenset[fx.Node],
     parameters: dict[tuple[str, str], torch.Tensor],
 ) -> list[GradientError]:
-    """Runs one reading op on the exact values and on each option's round
-    trip of each value it reads."""
+    """Runs one reading op and its elementwise followers on the exact
+    values and on each option's round trip of each value it reads; the
+    option's error is the worst over the chain's outputs."""
     reader = step.reader
     generator = torch.Generator(device="cpu").manual_seed(SEED)
+    device = next((t.device for t in env.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
     upstream: dict[fx.Node, torch.Tensor] = {}
-    for a in reader.all_input_nodes:
+    for a in step.inputs():
         if a in backward:
             val = a.meta.get("val")
             if not isinstance(val, torch.Tensor) or not val.dtype.is_floating_point:
                 return []
             if any(not isinstance(s, int) for s in val.shape):
                 return []
-            device = next((t.device for t in env.values() if isinstance(t, torch.Tensor)), torch.device("cpu"))
             upstream[a] = torch.randn(tuple(val.shape), generator=generator, dtype=torch.float32).to(device, val.dtype)
 
-    def run(values: dict[fx.Node, Any]) -> Any:
+    def run(values: dict[fx.Node, Any], first: Any = None) -> dict[fx.Node, Any]:
+        """The chain's outputs; ``first`` replaces the reading op's."""
+        local: dict[fx.Node, Any] = {}
+
         def get(a: fx.Node) -> Any:
+            if a in local:
+                return local[a]
             return upstream[a] if a in upstream else values.get(a, env.get(a))
-        args, kwargs = fx.node.map_arg((reader.args, reader.kwargs), get)
-        return reader.target(*args, **kwargs)
+
+        for node in step.chain:
+            if node is reader and first is not None:
+                local[node] = first
+                continue
+            args, kwargs = fx.node.map_arg((node.args, node.kwargs), get)
+            local[node] = node.target(*args, **kwargs)
+        return local
 
     exact = run({})
-    op = str(getattr(reader.target, "__name__", reader.target))
     out = []
     for value in step.values:
         x = env.get(value)
@@ -297,9 +349,8 @@ def _check(
             if codec.decompress_kind is DecompressKind.DERIVATIVE:
                 if reader.target is not codec.replaced_op or reader.args[1] is not value:
                     continue
-                approx = upstream.get(reader.args[0], env.get(reader.args[0])) * _round_trip(
-                    codec, x, parameters.get((value.name, name))
-                )
+                grad = upstream.get(reader.args[0], env.get(reader.args[0]))
+                approx = run({}, first=grad * _round_trip(codec, x, parameters.get((value.name, name))))
             else:
                 restored = {value: _round_trip(codec, x, parameters.get((value.name, name)))}
                 for alias in aliases[value][1:]:
@@ -308,9 +359,17 @@ def _check(
                     )
                     restored[alias] = alias.target(*args, **kwargs)
                 approx = run(restored)
-            error = _relative_error(approx, exact)
-            out.append(GradientError(value=value.name, codec=name, error=error, reader=reader.name, op=op))
+            errors = {node: _relative_error(approx[node], exact[node]) for node in step.chain}
+            worst = max(step.chain, key=lambda n: (not math.isfinite(errors[n]), errors[n]))
+            if math.isfinite(errors[worst]) and not errors[worst] > 1.01 * errors[reader]:
+                worst = reader  # a view or a product that only carries the error on: name where it arose
+            op = _op_name(worst) if worst is reader else f"{_op_name(worst)} after {_op_name(reader)}"
+            out.append(GradientError(value=value.name, codec=name, error=errors[worst], reader=worst.name, op=op))
     return out
+
+
+def _op_name(node: fx.Node) -> str:
+    return str(getattr(node.target, "__name__", node.target))
 
 
 def _round_trip(codec: Any, x: torch.Tensor, parameters: torch.Tensor | None) -> torch.Tensor:
