@@ -18,6 +18,11 @@ Reported per variant: final train loss (mean of the last 20 steps) and its
 relative difference to the uncompressed run, validation loss at the end,
 what the plan compressed and with which codecs, and wall time. Outputs:
 accuracy.md, accuracy.json, accuracy.png under --out-dir.
+
+The activations here drift only as training moves them. The gradient error
+per accuracy mode under a drift applied mid-run (attention sharpened, or
+the MLP's layer norms scaled), with the re-plans and recompiles it caused,
+is `bench/bench_sharp_attention.py`'s.
 """
 
 from __future__ import annotations
