@@ -106,7 +106,7 @@ def test_with_labels_the_lowest_plan_measures_at_most_full_checkpointings_peak()
     )
 
 
-@pytest.mark.parametrize("planner", ["milp", "full_ac"])
+@pytest.mark.parametrize("planner", [pytest.param("milp", marks=pytest.mark.slow), "full_ac"])  # milp: 30 s
 def test_a_step_with_labels_is_predicted_as_it_runs(planner):
     """HF returns the logits beside the loss. A training loop keeps the
     loss only, and autograd materialises zeros for the logits' gradient,
