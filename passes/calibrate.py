@@ -58,6 +58,7 @@ from adacc_compile.kernels import CodecStats, get_codec
 from .annotate import META_KEY
 from .candidates import CandidateSet
 from .gradient_sensitivity import GradientError, gradient_errors
+from .graph_walk import ancestors, get_attr
 from .op_class import OpClass
 from .storage_order import in_storage_order
 
@@ -338,7 +339,7 @@ def run_forward(
     """Runs the forward nodes that the wanted values depend on, in graph
     order, calling ``visit(node, value)`` for each wanted one; a value is
     dropped after its last use in this run."""
-    needed = _ancestors(wanted)
+    needed = ancestors(wanted)
     order = [n for n in forward if n in needed]
     last_use: dict[fx.Node, int] = {}
     for i, node in enumerate(order):
@@ -358,7 +359,7 @@ def run_forward(
             if node.op == "call_function":
                 env[node] = node.target(*args, **kwargs)
             elif node.op == "get_attr":
-                env[node] = _get_attr(gm, str(node.target))
+                env[node] = get_attr(gm, str(node.target))
             else:
                 raise RuntimeError(f"unexpected {node.op} node {node.name} in the forward")
             if node in wanted:
@@ -368,25 +369,6 @@ def run_forward(
                     env.pop(arg, None)
             if node not in last_use:
                 env.pop(node, None)
-
-
-def _ancestors(nodes: dict[fx.Node, Any]) -> set[fx.Node]:
-    seen: set[fx.Node] = set()
-    stack = list(nodes)
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        stack.extend(node.all_input_nodes)
-    return seen
-
-
-def _get_attr(gm: fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _finite_or_str(x: float) -> float | str:

@@ -57,6 +57,7 @@ from adacc_compile import compat
 from adacc_compile.kernels import DecompressKind, get_codec
 
 from .annotate import META_KEY
+from .graph_walk import ancestors, get_attr
 from .op_class import OpClass, is_view_op
 from .storage_order import inverse, storage_permutation
 
@@ -168,16 +169,8 @@ def _aliases(value: fx.Node) -> list[fx.Node]:
 
 def _needed(checks: list[_Reads], aliases: dict[fx.Node, list[fx.Node]], backward: frozenset[fx.Node]) -> set[fx.Node]:
     """The tangent-free nodes the checks read, with their ancestors."""
-    stack = [a for c in checks for a in c.inputs() if a not in backward]
-    stack += [a for c in checks for v in c.values for a in aliases[v]]
-    seen: set[fx.Node] = set()
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        stack.extend(node.all_input_nodes)
-    return seen
+    return ancestors([a for c in checks for a in c.inputs() if a not in backward]
+                     + [a for c in checks for v in c.values for a in aliases[v]])
 
 
 def _runnable(gm: fx.GraphModule, needed: set[fx.Node]) -> set[fx.Node]:
@@ -286,10 +279,7 @@ def _run(
                     args, kwargs = fx.node.map_arg((step.args, step.kwargs), env.__getitem__)
                     env[step] = step.target(*args, **kwargs)
                 elif step.op == "get_attr":
-                    obj: Any = gm
-                    for part in str(step.target).split("."):
-                        obj = getattr(obj, part)
-                    env[step] = obj
+                    env[step] = get_attr(gm, str(step.target))
                 used = [*step.all_input_nodes, step]
             for a in used:
                 if last_use.get(a, -1) <= i and a not in inputs:
