@@ -406,6 +406,7 @@ def _solve_lp(profile: BlockProfile, layers: int, activation_budget: float) -> l
     lp.a_matrix_.value_ = np.array(value, dtype=np.float64)
     lp.sense_ = highspy.ObjSense.kMinimize
     highs = _quiet_highs()
+    highs.setOptionValue("threads", 1)  # as adacc's solves: HiGHS keeps one thread scheduler per process
     highs.passModel(lp)
     highs.run()
     if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:

@@ -42,6 +42,7 @@ can be written as an ``.lp`` file for inspection.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 import time
@@ -52,6 +53,8 @@ import numpy as np
 
 from . import plan_timing
 from .plan_problem import Candidate, Choice, Decision, PlanProblem, PlanSolution
+
+log = logging.getLogger(__name__)
 
 _US = 1e6
 TIE_BREAK = 1e-3
@@ -176,7 +179,7 @@ def solve_milp(
     started = options.start is not None and _set_start(highs, model, options.start)
     start = time.perf_counter()
     with plan_timing.timed("solve"):
-        highs.run()
+        _run(highs)
     seconds = time.perf_counter() - start
     status = highs.getModelStatus()
     has_solution = highs.getInfo().primal_solution_status == 2  # kSolutionStatusFeasible
@@ -451,6 +454,26 @@ def _var_name(index: int, var: _Var) -> str:
 
 def _safe(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+
+
+def _run(highs: highspy.Highs) -> None:
+    """``highs.run()``, once more after rebuilding HiGHS's thread scheduler
+    where it refused to start.
+
+    HiGHS keeps one thread scheduler per process, sized by the first solve
+    that runs; a later solve asking for another thread count (adacc's
+    ``solver_threads``, after any other HiGHS user in the process, such as
+    a benchmark's own LP) fails at once, with an error status and no model
+    status. Every solve of the plan stage then failed, and the plan fell
+    back to recomputing everything (a 4-layer HF Llama after an LP with the
+    default threads: 20.6 MiB at a budget of 30.5). The scheduler is
+    rebuilt for this thread count (no solve runs in another thread while
+    the plan stage does) and the solve tried again."""
+    if highs.run() != highspy.HighsStatus.kError or highs.getModelStatus() != highspy.HighsModelStatus.kNotset:
+        return
+    log.info("adacc: HiGHS refused to start with its thread scheduler as set; rebuilding it and solving again")
+    highspy.Highs.resetGlobalScheduler(True)
+    highs.run()
 
 
 _BANNER_SHOWN = False

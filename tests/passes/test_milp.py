@@ -226,3 +226,30 @@ def test_with_start_names_its_plan_and_keeps_a_given_start():
     given = SolverOptions(start={})
     assert with_start(given, cold, "the cold optimum") is given
     assert with_start(SolverOptions(), PlanSolution(choices={}, status="infeasible", solver="milp"), "nothing").start is None
+
+
+def test_a_solve_after_another_highs_user_with_other_threads_still_solves():
+    """HiGHS sizes one thread scheduler per process at its first solve; a
+    later solve asking for another thread count fails at once with no model
+    status. An earlier solve with two threads (a benchmark's own LP, a
+    user's model) once made every plan fall back to recomputing everything."""
+    import highspy
+
+    other = highspy.Highs()
+    other.setOptionValue("output_flag", False)
+    other.setOptionValue("threads", 2)
+    other.addVar(0.0, 1.0)
+    other.run()
+    solution = solve_milp(_chain(), SolverOptions(threads=1))
+    assert solution.status == "optimal" and solution.decision("c") is Decision.RECOMPUTE
+
+
+def _chain() -> PlanProblem:
+    return PlanProblem(
+        candidates=(
+            Candidate(name="a", keep_bytes=10, recompute_seconds=5e-6, can_recompute=False),
+            Candidate(name="b", keep_bytes=40, recompute_seconds=1e-6, inputs=("a",)),
+            Candidate(name="c", keep_bytes=40, recompute_seconds=1e-6, inputs=("b",), required=True),
+        ),
+        budget_bytes=20,
+    )
