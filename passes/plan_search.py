@@ -20,7 +20,10 @@ plans within its peak exist, the boundary cap is relaxed to the least any
 of them holds (`_relax_boundary`); only a peak out of reach is clamped to
 the reachable minimum. At the budget the default partitioner's own plan is
 also a candidate: where it fits and is cheaper by the cost model, it is
-used, so a ratio of 1.0 is never worse than the default.
+used, so a ratio of 1.0 is never worse than the default. Where no MILP plan
+fits and full checkpointing's plan holds less (`_full_ac_if_lower`), that
+plan is used with as much of its last blocks kept as the budget leaves room
+for (`kept_blocks`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from .compress_rewrite import apply_compression, replaced_ops
 from .depth_fold import DepthFold
 from .device_profile import DeviceProfile
 from .fusion import Realization
+from .kept_blocks import most_kept
 from .memory_sim import MemoryTimeline, simulate_step
 from .milp import SolverOptions, solve_milp, with_start
 from . import plan_timing
@@ -328,7 +332,39 @@ def _full_ac_if_lower(
     log.info("adacc: %s", note)
     if budget.clamped:  # the reachable minimum is what this plan holds
         budget = dataclasses.replace(budget, budget_bytes=peak, minimum_bytes=peak)
-    return dataclasses.replace(outcome, budget=budget, notes=(*best.notes, note))
+    outcome = dataclasses.replace(outcome, budget=budget, notes=(*best.notes, note))
+    return _last_blocks_kept(context, candidates, outcome, options) or outcome
+
+
+def _last_blocks_kept(
+    context: SplitContext, candidates: CandidateSet, full_ac: PlanOutcome, options: SolverOptions
+) -> PlanOutcome | None:
+    """Full checkpointing's plan with as many of its last blocks kept as the
+    budget leaves room for (`kept_blocks`), split and simulated; None where
+    no block fits or the split graphs of that plan peak over the budget.
+
+    The room is the budget less what full AC's split graphs hold; the plan
+    simulator prices what keeping blocks adds to it (at a clamped budget the
+    room is nothing: only blocks that add no peak are kept). One split."""
+    problem = candidates.problem
+    budget = full_ac.budget
+    room = budget.budget_bytes - budget.peak_of(full_ac.timeline)
+    if room < 0:
+        return None
+    anchor = full_ac.simulated.peak_bytes
+    keep_all = get_policy("keep_all")(problem, options)
+    with plan_timing.timed("simulate"):
+        plan, count = most_kept(
+            problem, full_ac.solution, keep_all, lambda p: simulate(problem, p).peak_bytes - anchor <= room
+        )
+    if count == 0:
+        return None
+    note = f"full checkpointing's plan with {count} values of its last blocks kept (the budget leaves room for them)"
+    outcome = _split(context, candidates, plan, "full_ac", budget, [*full_ac.notes, note])
+    if budget.peak_of(outcome.timeline) > budget.budget_bytes:
+        return None
+    log.info("adacc: %s", note)
+    return outcome
 
 
 def _no_cap_left(bracket: _CapBracket, clamped: bool) -> str:
