@@ -58,7 +58,7 @@ from adacc_compile.kernels import CodecStats, get_codec
 from .annotate import META_KEY
 from .candidates import CandidateSet
 from .gradient_sensitivity import GradientError, gradient_errors
-from .graph_walk import ancestors, get_attr
+from .graph_walk import ancestors, get_attr, seeded_real_run
 from .op_class import OpClass
 from .storage_order import in_storage_order
 
@@ -347,11 +347,7 @@ def run_forward(
             last_use[arg] = i
     env: dict[fx.Node, Any] = {}
     inputs = set(primals)
-    devices = sorted({t.device.index or 0 for t in real_inputs if isinstance(t, torch.Tensor) and t.is_cuda})
-    with compat.real_tensors(), torch.no_grad(), torch.random.fork_rng(devices=devices):
-        torch.default_generator.manual_seed(SEED)
-        for index in devices:
-            torch.cuda.default_generators[index].manual_seed(SEED)
+    with seeded_real_run(real_inputs, SEED):
         for node, real in zip(primals, real_inputs):
             env[node] = real.detach()
         for i, node in enumerate(order):

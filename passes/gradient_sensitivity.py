@@ -57,7 +57,7 @@ from adacc_compile import compat
 from adacc_compile.kernels import DecompressKind, get_codec
 
 from .annotate import META_KEY
-from .graph_walk import ancestors, get_attr
+from .graph_walk import ancestors, get_attr, seeded_real_run
 from .op_class import OpClass, is_view_op
 from .storage_order import inverse, storage_permutation
 
@@ -260,11 +260,7 @@ def _run(
     env: dict[fx.Node, Any] = {}
     out: dict[tuple[str, str], GradientError] = {}
     inputs = set(primals)
-    devices = sorted({t.device.index or 0 for t in real_inputs if isinstance(t, torch.Tensor) and t.is_cuda})
-    with compat.real_tensors(), torch.no_grad(), torch.random.fork_rng(devices=devices):
-        torch.default_generator.manual_seed(SEED)
-        for index in devices:
-            torch.cuda.default_generators[index].manual_seed(SEED)
+    with seeded_real_run(real_inputs, SEED):
         for node, real in zip(primals, real_inputs):
             env[node] = real.detach() if isinstance(real, torch.Tensor) else real
         for i, step in enumerate(steps):
