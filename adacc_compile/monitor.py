@@ -41,8 +41,8 @@ from adacc_compile.state import PartitionState
 
 def plan_references(solution: PlanSolution, calibration: Calibration | None) -> dict[str, ValueReference]:
     """One reference per lossy compressed value that calibration measured
-    (lossless codecs cannot drift; unmeasured values have nothing to
-    compare with)."""
+    (lossless codecs cannot drift; unmeasured values, stand-ins among them,
+    have nothing to compare with)."""
     out: dict[str, ValueReference] = {}
     if calibration is None or not calibration.used:
         return out
@@ -51,8 +51,8 @@ def plan_references(solution: PlanSolution, calibration: Calibration | None) -> 
             continue
         codec = get_codec(choice.codec)
         measured = calibration.options.get(name, {}).get(choice.codec)
-        if codec.lossless or measured is None or measured.stats is None:
-            continue
+        if codec.lossless or measured is None or measured.stats is None or measured.inherited_from:
+            continue  # a stand-in's statistics are another block's (`calibration_sample`)
         stats = measured.stats
         slots = stats.extra.get("outlier_slots")
         out[name] = ValueReference(

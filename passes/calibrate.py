@@ -12,7 +12,9 @@ activation-like test inputs. A real model can hold values the codec handles
 worse (heavier outliers, a skew that wastes half of a symmetric range, a
 softmax that is not peaked). The forward is run once on the real inputs;
 every lossy option of every candidate is round-tripped on its real value
-(`Codec.calibrate`, on up to `SAMPLE_ELEMENTS` elements of whole rows); an
+(`Codec.calibrate`, on up to `SAMPLE_ELEMENTS` elements of whole rows; in a
+class of identical blocks, in three of them, the others taking their
+verdicts: `calibration_sample`); an
 option whose measured error exceeds the codec's declared bound, or whose
 statistics the codec refuses (`Codec.calibration_refusal`: few-bit codes of
 inputs far below unit std), is dropped before the MILP sees it, and the
@@ -56,6 +58,7 @@ from adacc_compile import compat
 from adacc_compile.kernels import CodecStats, get_codec
 
 from .annotate import META_KEY
+from .calibration_sample import calibration_sample, uniform_verdicts
 from .candidates import CandidateSet
 from .gradient_sensitivity import GradientError, gradient_errors
 from .graph_walk import ancestors, get_attr, seeded_real_run
@@ -83,6 +86,10 @@ class OptionCalibration:
     gradient: GradientError | None = None
     """The worst error the round trip caused in a backward op reading the
     value (`gradient_sensitivity`); None where none was measured."""
+    inherited_from: str = ""
+    """For a value of a block calibration did not measure (`calibration_sample`):
+    the measured value at its position whose verdict, statistics and
+    gradient error it takes (its parameters are its own)."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"codec": self.codec, "accepted": self.accepted, "declared_bound": self.declared_bound}
@@ -90,6 +97,8 @@ class OptionCalibration:
             out["reason"] = self.reason
         if self.parameters is not None:
             out["parameters_shape"] = list(self.parameters.shape)
+        if self.inherited_from:
+            out["inherited_from"] = self.inherited_from
         if self.gradient is not None:
             out["gradient_error"] = _finite_or_str(self.gradient.error)
             out["gradient_reader"] = f"{self.gradient.reader} ({self.gradient.op})"
@@ -110,6 +119,8 @@ class Calibration:
     options: dict[str, dict[str, OptionCalibration]] = field(default_factory=dict)
     """Candidate name -> codec -> measurement."""
     seconds: float = 0.0
+    stand_ins: int = 0
+    """Values whose verdicts were taken from identical blocks' (`calibration_sample`)."""
 
     @property
     def rejected(self) -> list[OptionCalibration]:
@@ -130,6 +141,7 @@ class Calibration:
             "used": self.used,
             "reason": self.reason,
             "values": len(self.options),
+            "stand_ins": self.stand_ins,
             "options_measured": sum(len(v) for v in self.options.values()),
             "rejected": [f"{o.value}:{o.codec}" for o in self.rejected],
             "seconds": self.seconds,
@@ -166,12 +178,14 @@ def calibrate_candidates(
     if collective is not None:
         return not_calibrated(f"the forward holds a collective ({collective.target})")
     start = time.perf_counter()
+    sample = calibration_sample(candidates.problem, candidates.nodes)
     wanted = {candidates.nodes[name]: codecs for name, codecs in lossy.items()}
     results: dict[str, dict[str, OptionCalibration]] = {}
 
     def visit(node: fx.Node, value: Any) -> None:
         if isinstance(value, torch.Tensor):
-            results[node.name] = {codec: _measure(node.name, codec, value) for codec in wanted[node]}
+            measure = _parameters_only if node.name in sample.stand_ins else _measure
+            results[node.name] = {codec: measure(node.name, codec, value) for codec in wanted[node]}
 
     try:
         run_forward(gm, primals, real_inputs, forward, wanted, visit)
@@ -179,8 +193,12 @@ def calibrate_candidates(
         log.warning("adacc: codec calibration failed (%s: %s); using declared codec bounds", type(exc).__name__, exc)
         return not_calibrated(f"forward failed: {type(exc).__name__}: {exc}")
     calibration = Calibration(used=True, reason="", options=results, seconds=time.perf_counter() - start)
-    checked = with_gradient_errors(gm, info, candidates, calibration, real_inputs)
-    return dataclasses.replace(checked, seconds=time.perf_counter() - start)
+    checked = with_gradient_errors(gm, info, candidates, calibration, real_inputs, skip=frozenset(sample.stand_ins))
+    return dataclasses.replace(
+        checked, options=uniform_verdicts(checked.options, sample),
+        stand_ins=len(sample.stand_ins.keys() & results.keys()),
+        seconds=time.perf_counter() - start,
+    )
 
 
 def with_gradient_errors(
@@ -189,16 +207,18 @@ def with_gradient_errors(
     candidates: CandidateSet,
     calibration: Calibration,
     real_inputs: Sequence[Any],
+    skip: frozenset[str] = frozenset(),
 ) -> Calibration:
     """``calibration`` with each accepted option's gradient error measured
     (`gradient_sensitivity`) and the options whose gradient error exceeds
     the codec's declared bound dropped: the bound a mode promises is on
     the training, not only on the stored value. Options no backward op
-    reads measurably keep their value's verdict. A failure of the run
-    keeps the value verdicts, with a warning."""
+    reads measurably keep their value's verdict, as do the values in
+    ``skip`` (stand-ins, `calibration_sample`). A failure of the run keeps
+    the value verdicts, with a warning."""
     accepted = {
         candidates.nodes[value]: [codec for codec, o in per.items() if o.accepted]
-        for value, per in calibration.options.items()
+        for value, per in calibration.options.items() if value not in skip
     }
     accepted = {node: codecs for node, codecs in accepted.items() if codecs}
     if not accepted:
@@ -309,6 +329,26 @@ def _measure(value: str, codec_name: str, x: torch.Tensor) -> OptionCalibration:
     return OptionCalibration(
         value=value, codec=codec_name, stats=stats, declared_bound=codec.error_bound,
         accepted=accepted, reason=reason, parameters=parameters,
+    )
+
+
+def _parameters_only(value: str, codec_name: str, x: torch.Tensor) -> OptionCalibration:
+    """A stand-in's option (`calibration_sample`): its codec's parameters
+    measured on its own value, nothing else (its verdict comes from the
+    measured blocks)."""
+    codec = get_codec(codec_name)
+    try:
+        parameters = codec.calibration_parameters(in_storage_order(x))
+    except Exception as exc:  # noqa: BLE001 - as in _measure: the option is not offered
+        return OptionCalibration(
+            value=value, codec=codec_name, stats=None, declared_bound=codec.error_bound,
+            accepted=False, reason=f"{type(exc).__name__}: {exc}",
+        )
+    if parameters is not None:
+        parameters = parameters.detach().to("cpu").contiguous()
+    return OptionCalibration(
+        value=value, codec=codec_name, stats=None, declared_bound=codec.error_bound, accepted=True,
+        parameters=parameters,
     )
 
 
