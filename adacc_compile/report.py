@@ -411,7 +411,9 @@ def _planning_note(planning: dict[str, Any]) -> str:
     return (
         f", planned in {planning['seconds']:.2f} s ({planning['solves']} solve(s) "
         f"{planning['build_s'] + planning['solve_s']:.2f} s, {planning['splits']} split(s) {planning['split_s']:.2f} s, "
-        f"simulation {planning['simulate_s']:.2f} s; MILP {planning['rows']} rows x {planning['columns']} columns)"
+        f"simulation {planning['simulate_s']:.2f} s; MILP {planning['rows']} rows x {planning['columns']} columns"
+        + (f", branch-and-bound nodes {'/'.join(str(n) for n in planning['nodes'])}" if planning.get("nodes") else "")
+        + ")"
     )
 
 

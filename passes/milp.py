@@ -182,6 +182,8 @@ def solve_milp(
         _run(highs)
     seconds = time.perf_counter() - start
     status = highs.getModelStatus()
+    info = highs.getInfo()
+    plan_timing.count_nodes(info.mip_node_count, info.mip_gap)
     has_solution = highs.getInfo().primal_solution_status == 2  # kSolutionStatusFeasible
     if status == highspy.HighsModelStatus.kOptimal:
         label = "optimal"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
 PARTS = ("build", "solve", "split", "simulate")
@@ -39,6 +39,14 @@ class PlanTiming:
     """Rows of the largest MILP solved."""
     columns: int = 0
     """Columns of the largest MILP solved."""
+    nodes: list[int] = field(default_factory=list)
+    """Branch-and-bound nodes HiGHS explored, one entry per solve: 1 (or 0)
+    where it proved the optimum at the root, where the formulation's LP
+    relaxation with HiGHS's cuts was tight enough."""
+    gaps: list[float] = field(default_factory=list)
+    """The relative gap each solve stopped at: at most ``mip_rel_gap``
+    where it finished, more where a node or time limit stopped it, -1
+    where it had no plan to measure a gap from."""
 
     def add_model(self, rows: int, columns: int) -> None:
         self.rows, self.columns = max(self.rows, rows), max(self.columns, columns)
@@ -66,6 +74,15 @@ def count_solve(rows: int, columns: int) -> None:
     if timing is not None:
         timing.solves += 1
         timing.add_model(rows, columns)
+
+
+def count_nodes(nodes: int, gap: float) -> None:
+    """How far one solve searched: its branch-and-bound nodes and the gap
+    it stopped at."""
+    timing = _ACTIVE.get()
+    if timing is not None:
+        timing.nodes.append(max(int(nodes), 0))
+        timing.gaps.append(float(gap) if gap == gap and gap != float("inf") else -1.0)
 
 
 def count_split() -> None:

@@ -253,3 +253,16 @@ def _chain() -> PlanProblem:
         ),
         budget_bytes=20,
     )
+
+
+def test_each_solve_records_its_branch_and_bound_nodes_and_gap():
+    from adacc_compile.passes import plan_timing
+
+    timing = plan_timing.PlanTiming()
+    with plan_timing.recording(timing):
+        for seed in range(3):
+            solve_milp(random_problem(random.Random(seed), n=8, with_codecs=True), SolverOptions(mip_rel_gap=1e-4))
+    assert timing.solves == 3 and len(timing.nodes) == 3 and len(timing.gaps) == 3
+    assert all(n >= 0 for n in timing.nodes)
+    assert all(g == -1.0 or 0.0 <= g <= 1e-4 for g in timing.gaps), timing.gaps
+    assert timing.summary()["nodes"] == timing.nodes
