@@ -81,6 +81,12 @@ class ActivationMonitor:
     (`Calibration.codec_parameters`): the monitor measures the error with
     them, not with parameters measured afresh on the new batch, so factors
     that no longer fit the activations show up as drift."""
+    unwatched_parameters: tuple[str, ...] = ()
+    """Compressed values whose compiled compress holds parameters but which
+    the monitor does not watch: stand-ins of blocks calibration did not
+    measure (`calibration_sample`). Swapping only the watched values'
+    parameters would leave theirs stale, so a recalibration is refused
+    where there are any (`recalibration`): a full re-plan measures them."""
 
     @staticmethod
     def from_state(state: PartitionState) -> "ActivationMonitor | None":
@@ -98,8 +104,14 @@ class ActivationMonitor:
         parameters = {
             name: measured[(name, ref.codec)] for name, ref in references.items() if (name, ref.codec) in measured
         }
+        compressed = {name: choice.codec for name, choice in state.solution.choices.items()
+                      if choice.decision is Decision.COMPRESS}
+        unwatched = tuple(sorted(
+            name for name, codec in compressed.items() if name not in references and (name, codec) in measured
+        ))
         return ActivationMonitor(
-            joint=gm, info=state.info, primals=primals, forward=forward, references=references, parameters=parameters
+            joint=gm, info=state.info, primals=primals, forward=forward, references=references, parameters=parameters,
+            unwatched_parameters=unwatched,
         )
 
     def observe(

@@ -78,8 +78,16 @@ def recalibrate(
     ``real_inputs`` and the whole plan with them; refuses where a drifted
     value has no parameters to swap, a constant cannot be reached, a
     drifted value still fails a drift test, or any value fails one far
-    over its bound (`DriftRule.urgent`). A value that fails once without
-    having drifted is left to the detector's hysteresis, as before."""
+    over its bound (`DriftRule.urgent`), and where compressed values the
+    monitor does not watch hold parameters too (stand-ins,
+    `ActivationMonitor.unwatched_parameters`: theirs would stay stale). A
+    value that fails once without having drifted is left to the detector's
+    hysteresis, as before."""
+    if monitor.unwatched_parameters:
+        return Recalibration(refused=(
+            f"{len(monitor.unwatched_parameters)} compressed value(s) of blocks calibration did not measure "
+            f"(e.g. {monitor.unwatched_parameters[0]}) hold parameters the monitor does not watch"
+        ))
     fixed = [d for d in drifts if d.value not in live]
     if fixed:
         return Recalibration(refused=f"{fixed[0].value} ({fixed[0].codec}) has no calibrated parameters to swap")

@@ -7,6 +7,8 @@ The unit tests build measurements by hand; the end-to-end one plans a
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from adacc_compile.kernels.codec import CodecStats
@@ -93,3 +95,32 @@ def test_five_identical_blocks_measure_three_and_plan_as_one_class():
     assert all(bool(r["calibration"].get("inherited_from")) == (r["layer"] in ("blocks.1", "blocks.3")) for r in lossy), [
         (r["name"], r["layer"], r["calibration"].get("inherited_from")) for r in lossy]
     assert worst_relative_error(expected, got)[0] <= 0.02
+
+
+def test_a_stand_in_holding_parameters_makes_a_recalibration_a_full_replan():
+    """The monitor watches measured values only; a recalibration that swapped
+    their parameters would leave a stand-in's stale, so it is refused."""
+    from types import SimpleNamespace
+
+    import torch.fx as fx
+
+    from adacc_compile.monitor import ActivationMonitor
+    from adacc_compile.passes.calibrate import Calibration
+    from adacc_compile.passes.drift import DriftRule
+    from adacc_compile.passes.plan_problem import Choice, Decision, PlanSolution
+    from adacc_compile.recalibration import recalibrate
+
+    measured = dataclasses.replace(_measured("a", 0.004, parameters=torch.zeros(2)), codec="int8_outlier")
+    inherited = dataclasses.replace(measured, value="b", parameters=torch.ones(2), inherited_from="a")
+    compress = Choice(decision=Decision.COMPRESS, codec="int8_outlier")
+    state = SimpleNamespace(
+        solution=PlanSolution(choices={"a": compress, "b": compress}, status="optimal", solver="milp"),
+        info=SimpleNamespace(forward_nodes=frozenset()),
+        calibration=Calibration(used=True, reason="", options={"a": {"int8_outlier": measured},
+                                                              "b": {"int8_outlier": inherited}}),
+        joint=fx.GraphModule(torch.nn.Module(), fx.Graph()),
+    )
+    monitor = ActivationMonitor.from_state(state)
+    assert set(monitor.references) == {"a"} and monitor.unwatched_parameters == ("b",)
+    refused = recalibrate(monitor, {"a": torch.zeros(2)}, [], [], DriftRule())
+    assert "did not measure" in refused.refused and not refused.parameters
