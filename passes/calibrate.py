@@ -308,20 +308,12 @@ def _measure(value: str, codec_name: str, x: torch.Tensor) -> OptionCalibration:
     compiled graph will run it, on the value in storage order (as the
     compiled graph compresses it, `storage_order`)."""
     codec = get_codec(codec_name)
-    parameters = None
     x = in_storage_order(x)
     try:
-        parameters = codec.calibration_parameters(x)
-        if parameters is None:
-            stats = codec.calibrate([row_sample(x)])
-        else:
-            parameters = parameters.detach().to("cpu").contiguous()
-            stats = codec.calibrate([row_sample(x)], parameters)
+        parameters = _parameters(codec, x)
+        stats = codec.calibrate([row_sample(x)]) if parameters is None else codec.calibrate([row_sample(x)], parameters)
     except Exception as exc:  # noqa: BLE001 - a codec that fails here is simply not offered
-        return OptionCalibration(
-            value=value, codec=codec_name, stats=None, declared_bound=codec.error_bound,
-            accepted=False, reason=f"{type(exc).__name__}: {exc}",
-        )
+        return _failed(value, codec_name, exc)
     error = stats.relative_error
     refusal = codec.calibration_refusal(stats)
     accepted = math.isfinite(error) and error <= codec.error_bound and refusal is None
@@ -338,17 +330,27 @@ def _parameters_only(value: str, codec_name: str, x: torch.Tensor) -> OptionCali
     measured blocks)."""
     codec = get_codec(codec_name)
     try:
-        parameters = codec.calibration_parameters(in_storage_order(x))
+        parameters = _parameters(codec, in_storage_order(x))
     except Exception as exc:  # noqa: BLE001 - as in _measure: the option is not offered
-        return OptionCalibration(
-            value=value, codec=codec_name, stats=None, declared_bound=codec.error_bound,
-            accepted=False, reason=f"{type(exc).__name__}: {exc}",
-        )
-    if parameters is not None:
-        parameters = parameters.detach().to("cpu").contiguous()
+        return _failed(value, codec_name, exc)
     return OptionCalibration(
         value=value, codec=codec_name, stats=None, declared_bound=codec.error_bound, accepted=True,
         parameters=parameters,
+    )
+
+
+def _parameters(codec: Any, x: torch.Tensor) -> torch.Tensor | None:
+    """The codec's parameters measured on ``x`` (in storage order), on the
+    CPU (they travel between ranks pickled); None for a codec that takes none."""
+    parameters = codec.calibration_parameters(x)
+    return None if parameters is None else parameters.detach().to("cpu").contiguous()
+
+
+def _failed(value: str, codec_name: str, exc: Exception) -> OptionCalibration:
+    """An option whose codec failed on the value: not offered."""
+    return OptionCalibration(
+        value=value, codec=codec_name, stats=None, declared_bound=get_codec(codec_name).error_bound,
+        accepted=False, reason=f"{type(exc).__name__}: {exc}",
     )
 
 

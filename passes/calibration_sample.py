@@ -31,14 +31,16 @@ sharpening does, shows in the measured ones.
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import torch.fx as fx
 
-from .plan_problem import Candidate, PlanProblem
-from .structure import block_classes
+from .plan_problem import PlanProblem
+from .structure import block_classes, candidates_by_block
+
+if TYPE_CHECKING:
+    from .calibrate import OptionCalibration
 
 SAMPLED_BLOCKS = 3
 """Blocks measured per class of identical blocks: the first, the middle and
@@ -62,10 +64,7 @@ class CalibrationSample:
 def calibration_sample(problem: PlanProblem, nodes: Mapping[str, fx.Node]) -> CalibrationSample:
     """The stand-ins and positions of ``problem``'s classes of identical
     blocks (none where no class has more than `SAMPLED_BLOCKS` blocks)."""
-    blocks: dict[str, list[Candidate]] = defaultdict(list)
-    for cand in problem.candidates:
-        if cand.block:
-            blocks[cand.block].append(cand)
+    blocks = candidates_by_block(problem)
     stand_ins: dict[str, tuple[str, ...]] = {}
     positions: list[tuple[str, ...]] = []
     for block_class in block_classes(problem, dict(nodes)):
@@ -88,11 +87,11 @@ def _measured_blocks(block_class: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(picks))
 
 
-def worst(options: list) -> object:
+def worst(options: list["OptionCalibration"]) -> "OptionCalibration":
     """The measurement to stand for a position: a rejected one first, then
     the largest value error, then the largest gradient error."""
 
-    def key(o) -> tuple:
+    def key(o: "OptionCalibration") -> tuple:
         error = o.stats.relative_error if o.stats is not None else float("inf")
         gradient = o.gradient.error if o.gradient is not None else 0.0
         return (not o.accepted, _finite(error), _finite(gradient))
@@ -104,7 +103,11 @@ def _finite(x: float) -> float:
     return x if x == x else float("inf")  # NaN sorts as the worst
 
 
-def uniform_verdicts(options: dict, sample: CalibrationSample) -> dict:
+OptionsByValue = dict[str, dict[str, "OptionCalibration"]]
+"""Value -> codec -> its measurement, as `calibrate.Calibration.options`."""
+
+
+def uniform_verdicts(options: OptionsByValue, sample: CalibrationSample) -> OptionsByValue:
     """``options`` (value -> codec -> `calibrate.OptionCalibration`, the
     measured values complete, each stand-in holding its own parameters
     only) with every stand-in's verdict, statistics and gradient error

@@ -89,7 +89,9 @@ def no_reduction(problem: PlanProblem) -> BlockReduction:
     )
 
 
-def _blocks(problem: PlanProblem) -> dict[str, list[Candidate]]:
+def candidates_by_block(problem: PlanProblem) -> dict[str, list[Candidate]]:
+    """Block id -> its candidates, in the problem's order (values outside
+    blocks left out)."""
     blocks: dict[str, list[Candidate]] = defaultdict(list)
     for cand in problem.candidates:
         if cand.block:
@@ -103,7 +105,7 @@ def block_classes(problem: PlanProblem, nodes: dict[str, fx.Node]) -> tuple[tupl
     differentiates, while every other block still holds its saved values,
     so its positions are where the step's peak lies (`peak_model` models
     them one by one and each other block as a whole)."""
-    blocks = _blocks(problem)
+    blocks = candidates_by_block(problem)
     position = {c.name: i for i, c in enumerate(problem.candidates)}
     by_hash: dict[tuple[str, str], list[str]] = defaultdict(list)
     signatures = {}
@@ -147,7 +149,7 @@ def differing_blocks(
     each with the first difference from the class's representative: a
     model whose first or last block really differs (T5's first block holds
     the relative attention bias) says which of its values do."""
-    blocks = _blocks(problem)
+    blocks = candidates_by_block(problem)
     members = {b for cls in classes for b in cls}
     reps = {_family(cls[0]): cls[0] for cls in classes}
     out = {}
@@ -203,7 +205,7 @@ def reduce_identical_blocks(
     problem: PlanProblem, nodes: dict[str, fx.Node], classes: tuple[tuple[str, ...], ...] | None = None
 ) -> BlockReduction:
     """Builds the reduced problem over ``classes`` (found if not given)."""
-    blocks = _blocks(problem)
+    blocks = candidates_by_block(problem)
     if classes is None:
         classes = block_classes(problem, nodes)
     classes = list(classes)
