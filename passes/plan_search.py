@@ -252,6 +252,13 @@ def fit_simulated_peak(
         # No cap buys back time the plan does not spend (HF Llama at 1.0
         # re-solved three times for the same plan).
         solves, search = 0, "none needed: the plan fits and is the fastest plan at any budget"
+    if clamped:
+        # The budget is below every plan's reach: the user gets the lowest
+        # plan, as the warning says. A cap above the minimum would buy back
+        # time with memory no budget allowed (HF Llama, 4 layers, at 0.5:
+        # a re-solve and two splits, ending on a plan 5% over the lowest,
+        # while the same model at 0.3 and at "min" got the lowest).
+        solves, search = 0, "none: the budget is out of reach, and the lowest plan is what it gets"
     if planner == "milp" and first.solution.solver == "recompute_all":
         # HiGHS stopped at its limit without a plan (`policies.milp_policy`):
         # under the same limit a re-solve would stop again.

@@ -231,8 +231,10 @@ def test_split_over_the_budget_lowers_the_cap_and_warns_if_nothing_fits(monkeypa
 
 def test_a_split_over_the_reachable_minimum_is_not_re_solved_lower(monkeypatch):
     """A budget below what any plan reaches is clamped to the model's
-    minimum; no cap under it has a plan, so a split over it is used at
-    once, with the warning that gives the excess, and no re-solve."""
+    minimum, and the lowest plan is used as it is: no cap under it has a
+    plan, so a split over it is used at once, with the warning that gives
+    the excess, and no re-solve (nor one above it, which would buy time
+    with memory no budget allowed)."""
     import dataclasses
     import warnings
 
@@ -255,7 +257,7 @@ def test_a_split_over_the_reachable_minimum_is_not_re_solved_lower(monkeypatch):
         _, summary, _ = _plan(model, batch, lambda m: m, 0.01)
     assert summary["budget_clamped_to_minimum"] and summary["replans"] == 0
     assert not summary["activation_peak_fits_budget"]
-    assert any("0 corrective re-solve(s) (none: the budget is the model's reachable minimum" in str(w.message)
+    assert any("0 corrective re-solve(s) (none: the budget is out of reach" in str(w.message)
                for w in caught)
     # The first solve, the boundary relaxation's solve within the peak alone
     # (no plan: the budget is clamped) and the fastest plan at the minimum;
