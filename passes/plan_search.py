@@ -15,7 +15,8 @@ simulated peak (`BudgetResolution.peak_of`) is over the budget, or under it by m
 `PEAK_FIT_TOLERANCE`, the model's cap moves by the difference and the MILP
 is solved again (at most ``peak_fit_solves`` times, each a split and a
 simulation): the budget bounds what the step holds, not what the model
-says, both ways. Where no plan meets both caps of a ratio budget but
+says, both ways. A budget out of every plan's reach (clamped to the
+reachable minimum) is not re-solved: the lowest plan is what it gets. Where no plan meets both caps of a ratio budget but
 plans within its peak exist, the boundary cap is relaxed to the least any
 of them holds (`_relax_boundary`); only a peak out of reach is clamped to
 the reachable minimum. At the budget the default partitioner's own plan is
