@@ -22,6 +22,9 @@ TINY_LLAMA = {
 }
 
 
+# Slow: one fresh CLI process per setup (37 s); the CLI's answers are
+# tested in the default run by tests/adacc_compile/test_job_memory.py.
+@pytest.mark.slow
 def test_the_job_fit_benchmark_answers_each_setup(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_LLAMA))

@@ -17,6 +17,9 @@ pytest.importorskip("transformers")
 import bench_step_timeline  # noqa: E402
 
 
+# Slow (24 s): simulated against measured peaks are checked in the default
+# run by tests/e2e/test_inductor_peak_prediction.py and test_peak_budget.py.
+@pytest.mark.slow
 def test_the_step_timeline_lines_up_simulation_and_measurement(tmp_path):
     args = argparse.Namespace(
         family="llama", layers=2, d_model=32, vocab=256, seq_len=32, batch=2, labels=True,
