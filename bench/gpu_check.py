@@ -362,8 +362,10 @@ def check_calibrated_codec(name: str, shape: tuple[int, int], device: torch.devi
     """The compress a calibrated plan runs (parameters measured beforehand,
     a graph input), compiled for ``device``, against the same aten form run
     eagerly on the CPU (which the CPU tests hold bit-exact to the torch
-    reference with those parameters); None for a codec that takes none.
-    The decompress is the codec's own (timed in its plain row)."""
+    reference with those parameters); beside it the codec's hand-written
+    Triton compress with the same parameters (`Codec.triton_calibrated_compress`,
+    one read of the value), where it has one; None for a codec that takes
+    none. The decompress is the codec's own (timed in its plain row)."""
     codec = get_codec(name)
     x = codec_sample(name, shape, device)
     parameters = codec.calibration_parameters(x)
@@ -377,13 +379,23 @@ def check_calibrated_codec(name: str, shape: tuple[int, int], device: torch.devi
     if verdict != "exact":
         for i, (g, w) in enumerate(zip(payload, reference)):
             print(f"{name}{CALIBRATED} inductor {describe_difference(f'payload[{i}]', g, w, x)}", flush=True)
+    triton_verdict, triton = "n/a (no Triton here)", None
+    if triton_runs_here(device):
+        triton = codec.triton_calibrated_compress(x, parameters)
+        triton_verdict = "n/a (per call only)" if triton is None else _verdict(
+            [same(g, w) for g, w in zip(triton, reference)]
+        )
     with measuring():
         copy = device_seconds(lambda: x.clone(), device, inner=inner)
         speed = copy / device_seconds(lambda: compress(x, parameters), device, inner=inner)
+        triton_speed = None if triton is None else copy / device_seconds(
+            lambda: codec.triton_calibrated_compress(x, parameters), device, inner=inner
+        )
     return CodecCheck(
-        codec=name + CALIBRATED, dtype=str(x.dtype).removeprefix("torch."), triton_vs_reference="n/a (per call only)",
+        codec=name + CALIBRATED, dtype=str(x.dtype).removeprefix("torch."), triton_vs_reference=triton_verdict,
         inductor_vs_reference=verdict, copy_gbps=2 * x.numel() * x.element_size() / copy / 1e9,
-        triton_compress=None, triton_decompress=None, inductor_compress=speed, inductor_decompress=float("nan"),
+        triton_compress=triton_speed, triton_decompress=None, inductor_compress=speed,
+        inductor_decompress=float("nan"),
     )
 
 

@@ -180,6 +180,14 @@ class Codec:
         ``parameters``."""
         return None
 
+    def triton_calibrated_compress(self, x: torch.Tensor, parameters: torch.Tensor) -> list[torch.Tensor] | None:
+        """The hand-written Triton compress with ``parameters`` (what
+        `calibration_parameters` measured), which then reads ``x`` once; None
+        (the default) where the codec has none. The same payload as
+        `aten_compress` with those parameters, bit for bit. Timed beside
+        Inductor's code of the calibrated aten form by `bench/gpu_check.py`."""
+        return None
+
     def aten_compress(self, x: torch.Tensor, parameters: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Compress written as plain, functional torch ops for Inductor.
 

@@ -83,15 +83,17 @@ from .oplib import (
     register_dispatched_ops,
     require_triton,
     rne_cast,
+    row_tile,
     rows_channels,
     tl,
     triton_jit,
 )
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-#: Elements per Triton program tile (rows x columns).
+#: Elements per Triton program tile (rows x columns) where rows are narrow
+#: (`oplib.row_tile`: a wide row is one program's tile, up to
+#: `oplib.ONE_PASS_MAX_COLUMNS`).
 _TILE = 2048
-_MAX_BLOCK_COLS = 1024
 #: Workspace slack for the scalars of the torch reference.
 _SMALL = 64
 
@@ -476,8 +478,9 @@ def _fp8_compress_kernel(x_ptr, codes_ptr, scale_ptr, rows, cols,
                          NAN_CODE: tl.constexpr, POS_CODE: tl.constexpr,
                          NEG_CODE: tl.constexpr, R: tl.constexpr, BLOCK_C: tl.constexpr,
                          ONE_TILE: tl.constexpr):
-    # A program owns R whole rows. Rows that fit one tile are read once;
-    # longer rows are read twice (max pass, encode pass).
+    # A program owns R whole rows. Rows up to oplib.ONE_PASS_MAX_COLUMNS
+    # wide fit one tile and are read once; wider rows are read twice (max
+    # pass, encode pass).
     row = tl.program_id(0) * R + tl.arange(0, R)
     row_ok = row < rows
     base = row.to(tl.int64) * cols
@@ -529,18 +532,6 @@ def _fp8_decompress_kernel(codes_ptr, scale_ptr, out_ptr, rows, cols,
         tl.store(out_ptr + offs, rne_cast(val, out_ptr.dtype.element_ty), mask=mask)
 
 
-def _tile(rows: int, cols: int) -> tuple[int, int]:
-    """(rows per program, columns per block) for a row view: ~_TILE elements."""
-    block_c = min(max(_next_pow2(cols), 1), _MAX_BLOCK_COLS)
-    r = max(1, min(_TILE // block_c, _next_pow2(rows)))
-    return r, block_c
-
-
-def _next_pow2(n: int) -> int:
-    """Smallest power of two >= n (1 for n <= 1)."""
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
 def triton_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
     """Triton twin of `torch_fp8_compress` (same bytes and scales)."""
     check_input(x, codec=fmt.name, dtypes=_DTYPES)
@@ -551,11 +542,11 @@ def triton_fp8_compress(x: torch.Tensor, fmt: Fp8Format) -> list[torch.Tensor]:
     scales = torch.ones(rows, dtype=torch.float32, device=x.device)
     if x.numel() == 0:
         return [codes, scales]
-    r, block_c = _tile(rows, cols)
-    launch(_fp8_compress_kernel, ((rows + r - 1) // r,), x, codes, scales, rows, cols,
+    t = row_tile(rows, cols, tile=_TILE)
+    launch(_fp8_compress_kernel, ((rows + t.rows - 1) // t.rows,), x, codes, scales, rows, cols,
            M=fmt.mantissa_bits, EMIN=fmt.min_exponent, TOP=fmt.top, NAN_CODE=fmt.nan_code,
-           POS_CODE=fmt.pos_inf_code, NEG_CODE=fmt.neg_inf_code, R=r, BLOCK_C=block_c,
-           ONE_TILE=cols <= block_c)
+           POS_CODE=fmt.pos_inf_code, NEG_CODE=fmt.neg_inf_code, R=t.rows, BLOCK_C=t.block_cols,
+           ONE_TILE=t.one_pass, num_warps=t.num_warps)
     return [codes, scales]
 
 
@@ -572,10 +563,10 @@ def triton_fp8_decompress(
     out = torch.empty(shape, dtype=dtype, device=codes.device)
     if out.numel() == 0:
         return out
-    r, block_c = _tile(rows, cols)
-    launch(_fp8_decompress_kernel, ((rows + r - 1) // r,), codes, scales, out, rows, cols,
+    t = row_tile(rows, cols, tile=_TILE)
+    launch(_fp8_decompress_kernel, ((rows + t.rows - 1) // t.rows,), codes, scales, out, rows, cols,
            M=fmt.mantissa_bits, EMIN=fmt.min_exponent, POS_CODE=fmt.pos_inf_code,
-           NEG_CODE=fmt.neg_inf_code, R=r, BLOCK_C=block_c)
+           NEG_CODE=fmt.neg_inf_code, R=t.rows, BLOCK_C=t.block_cols, num_warps=t.num_warps)
     return out
 
 

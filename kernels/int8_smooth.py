@@ -69,10 +69,14 @@ calibrate pass still drops it wherever a real value measures above 0.05).
 Offered where `int8_channel` is (inputs of linear layers only:
 `ChannelCodec.applies`).
 
-Triton: the channel maxima by one kernel (a program per block of channels
-looping over the rows), the factors by the torch glue on those C numbers,
-then one program per block of rows loops over the channel chunks twice (the
-rows' maxima, then the codes); the decompress is elementwise.
+Triton: without calibrated factors, the channel maxima by one kernel (a
+program per block of channels looping over the rows) and the factors by the
+torch glue on those C numbers; then one program per block of whole rows
+(`oplib.row_tile`) takes each row's maximum and writes its codes from the
+same registers, so with calibrated factors the value is read once (rows
+wider than `oplib.ONE_PASS_MAX_COLUMNS` are read twice: maxima, then
+codes); the decompress is elementwise. `tests/kernels/test_kernel_traffic.py`
+counts the reads and writes.
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ from .oplib import (
     register_dispatched_ops,
     require_triton,
     rne_cast,
+    row_tile,
     rows_channels,
     tl,
     triton_jit,
@@ -306,40 +311,63 @@ def _channel_max_kernel(
 
 
 @triton_jit
+def _smooth_codes(x, inv_f, inv_s, QMAX_: tl.constexpr):
+    # int8 codes of x (float32) smoothed by 1 / f, scaled by 1 / s per row.
+    y = (x * inv_f[None, :]) * inv_s[:, None]
+    y = tl.minimum(tl.maximum(y, -QMAX_ - 1.0), QMAX_ + 1.0)
+    # Adding then subtracting 1.5 * 2^23 rounds float32 |y| < 2^22 to nearest
+    # even, like torch.round (libdevice rint is not available in the interpreter).
+    q = ((y + 12582912.0) - 12582912.0).to(tl.int32)
+    return tl.where(x != x, -QMAX_ - 2, q).to(tl.int8)
+
+
+@triton_jit
 def _compress_kernel(
     x_ptr, factor_ptr, code_ptr, scale_ptr, R, C, stride_r, stride_c,
     QMAX_: tl.constexpr, MIN_SCALE_: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    ONE_PASS: tl.constexpr,
 ):  # fmt: skip
-    # Program n: rows [n * BLOCK_R, (n + 1) * BLOCK_R), all channels, twice.
+    # Program n: rows [n * BLOCK_R, (n + 1) * BLOCK_R), all channels. Rows
+    # that fit one block (ONE_PASS) are read once, the row maxima and the
+    # codes from the same registers; wider rows twice (maxima, then codes).
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     rmask = rows < R
-    peak = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for c0 in range(0, C, BLOCK_C):
-        cols = c0 + tl.arange(0, BLOCK_C)
+    if ONE_PASS:
+        cols = tl.arange(0, BLOCK_C)
         cmask = cols < C
         valid = rmask[:, None] & cmask[None, :]
-        offsets = rows[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c
-        x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + rows[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c,
+                    mask=valid, other=0.0).to(tl.float32)
         inv_f = div_exact(1.0, tl.load(factor_ptr + cols, mask=cmask, other=1.0))
         a = tl.abs(x * inv_f[None, :])
-        peak = tl.maximum(peak, tl.max(tl.where(a < float("inf"), a, 0.0), axis=1))
-    scale = tl.maximum(div_exact(peak, QMAX_ * 1.0), MIN_SCALE_)
-    inv_s = div_exact(1.0, scale)
-    tl.store(scale_ptr + rows, scale, mask=rmask)
-    for c0 in range(0, C, BLOCK_C):
-        cols = c0 + tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        valid = rmask[:, None] & cmask[None, :]
-        offsets = rows[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c
-        x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
-        inv_f = div_exact(1.0, tl.load(factor_ptr + cols, mask=cmask, other=1.0))
-        y = (x * inv_f[None, :]) * inv_s[:, None]
-        y = tl.minimum(tl.maximum(y, -QMAX_ - 1.0), QMAX_ + 1.0)
-        # Adding then subtracting 1.5 * 2^23 rounds float32 |y| < 2^22 to nearest
-        # even, like torch.round (libdevice rint is not available in the interpreter).
-        q = ((y + 12582912.0) - 12582912.0).to(tl.int32)
-        q = tl.where(x != x, -QMAX_ - 2, q)
-        tl.store(code_ptr + rows[:, None] * C + cols[None, :], q.to(tl.int8), mask=valid)
+        peak = tl.max(tl.where(a < float("inf"), a, 0.0), axis=1)
+        scale = tl.maximum(div_exact(peak, QMAX_ * 1.0), MIN_SCALE_)
+        tl.store(scale_ptr + rows, scale, mask=rmask)
+        q = _smooth_codes(x, inv_f, div_exact(1.0, scale), QMAX_)
+        tl.store(code_ptr + rows[:, None] * C + cols[None, :], q, mask=valid)
+    else:
+        peak = tl.zeros([BLOCK_R], dtype=tl.float32)
+        for c0 in range(0, C, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            cmask = cols < C
+            valid = rmask[:, None] & cmask[None, :]
+            offsets = rows[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c
+            x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
+            inv_f = div_exact(1.0, tl.load(factor_ptr + cols, mask=cmask, other=1.0))
+            a = tl.abs(x * inv_f[None, :])
+            peak = tl.maximum(peak, tl.max(tl.where(a < float("inf"), a, 0.0), axis=1))
+        scale = tl.maximum(div_exact(peak, QMAX_ * 1.0), MIN_SCALE_)
+        inv_s = div_exact(1.0, scale)
+        tl.store(scale_ptr + rows, scale, mask=rmask)
+        for c0 in range(0, C, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            cmask = cols < C
+            valid = rmask[:, None] & cmask[None, :]
+            offsets = rows[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c
+            x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
+            inv_f = div_exact(1.0, tl.load(factor_ptr + cols, mask=cmask, other=1.0))
+            q = _smooth_codes(x, inv_f, inv_s, QMAX_)
+            tl.store(code_ptr + rows[:, None] * C + cols[None, :], q, mask=valid)
 
 
 @triton_jit
@@ -393,10 +421,11 @@ def triton_int8_smooth_compress(x: torch.Tensor, factors: torch.Tensor | None = 
     codes = torch.empty(code_spec, dtype=code_dtype, device=x.device)
     scale = torch.empty(scale_spec, dtype=scale_dtype, device=x.device)
     if rows and channels:
-        grid = ((rows + _BLOCK_ROWS - 1) // _BLOCK_ROWS,)
+        t = row_tile(rows, channels)
         launch(
-            _compress_kernel, grid, x2d, factors, codes, scale, rows, channels, x2d.stride(0), x2d.stride(1),
-            QMAX_=QMAX, MIN_SCALE_=MIN_SCALE, BLOCK_R=_BLOCK_ROWS, BLOCK_C=_BLOCK_CHANNELS,
+            _compress_kernel, ((rows + t.rows - 1) // t.rows,), x2d, factors, codes, scale, rows, channels,
+            x2d.stride(0), x2d.stride(1), QMAX_=QMAX, MIN_SCALE_=MIN_SCALE, BLOCK_R=t.rows,
+            BLOCK_C=t.block_cols, ONE_PASS=t.one_pass, num_warps=t.num_warps,
         )  # fmt: skip
     else:
         scale.fill_(MIN_SCALE)
@@ -452,6 +481,10 @@ class Int8SmoothCodec(ChannelCodec):
         """The factors of ``x``'s channels, float32 [C] on ``x``'s device."""
         check_input(x, codec=NAME, dtypes=DTYPES)
         return channel_factors(channel_maxima(x.detach()))
+
+    def triton_calibrated_compress(self, x: torch.Tensor, parameters: torch.Tensor) -> list[torch.Tensor]:
+        """`triton_int8_smooth_compress` with the calibrated factors: one read of ``x``."""
+        return triton_int8_smooth_compress(x, parameters)
 
     def aten_compress(self, x: torch.Tensor, parameters: torch.Tensor | None = None) -> list[torch.Tensor]:
         """See `_aten_compress`; ``parameters`` are the factors, passed

@@ -85,7 +85,10 @@ is. A calibrated plan instead measures them once on a real batch
 (`IntOutlierCodec.calibration_parameters`) and holds them as a constant of
 the compiled graph; its compress then needs no channel statistics and no
 sort (Inductor's C++ still reads ``x`` twice, group statistics and then
-codes: see `_aten_compress`). On a later batch whose strongest channels moved, a
+codes: see `_aten_compress`; the Triton kernel reads it once, each program
+holding its groups in registers: `IntOutlierCodec.triton_calibrated_compress`,
+and for int4 where the number of groups is even, i.e. channels a multiple
+of 64; `tests/kernels/test_kernel_traffic.py` counts the reads). On a later batch whose strongest channels moved, a
 strong channel outside them only widens its group's scale (the worst case
 above still holds); `adacc_compile.monitor` measures that drift.
 """
@@ -710,18 +713,37 @@ def _quantize_kernel(
     x_ptr, slot_ptr, code_ptr, scale_ptr, value_ptr,
     R, C, K, stride_r, stride_c, code_stride, num_groups,
     QMAX: tl.constexpr, GROUP: tl.constexpr, PACK4: tl.constexpr, BLOCK_R: tl.constexpr,
-    SPECIAL_LIMIT: tl.constexpr,
+    SPECIAL_LIMIT: tl.constexpr, WHOLE_GROUPS: tl.constexpr,
 ):  # fmt: skip
     # int8, program (i, g): rows block i, channel group g; writes the group's
-    # codes, its scale and the outlier values that fall in it. int4, program
-    # (i, k): bytes [k * G/2, (k + 1) * G/2) of each row, whose low nibbles are
-    # channels k * G/2 + h (half k % 2 of group k // 2) and high nibbles
-    # channels (groups + k) * G/2 + h (P / 2 = groups * G/2 further on); it
-    # quantises both groups those halves belong to and keeps one half of each.
+    # codes, its scale and the outlier values that fall in it. int4 with an
+    # even number of groups (WHOLE_GROUPS), program (i, g): bytes
+    # [g * G, (g + 1) * G) of each row, whose low nibbles are group g and
+    # high nibbles group g + groups / 2 (P / 2 = groups / 2 * G channels
+    # further on): two whole groups, each value read once. int4 otherwise,
+    # program (i, k): bytes [k * G/2, (k + 1) * G/2) of each row, whose low
+    # nibbles are channels k * G/2 + h (half k % 2 of group k // 2) and high
+    # nibbles channels (groups + k) * G/2 + h; it quantises both groups those
+    # halves belong to and keeps one half of each (each value read twice).
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     rmask = rows < R
     half = tl.arange(0, GROUP // 2)
-    if PACK4:
+    if PACK4 and WHOLE_GROUPS:
+        g = tl.program_id(1)
+        low_a, low_b = _quantize_group(
+            x_ptr, slot_ptr, scale_ptr, value_ptr, rows, rmask, g, 1, 1,
+            C, K, stride_r, stride_c, num_groups, QMAX, GROUP, SPECIAL_LIMIT,
+        )  # fmt: skip
+        high_a, high_b = _quantize_group(
+            x_ptr, slot_ptr, scale_ptr, value_ptr, rows, rmask, g + num_groups // 2, 1, 1,
+            C, K, stride_r, stride_c, num_groups, QMAX, GROUP, SPECIAL_LIMIT,
+        )  # fmt: skip
+        offsets = rows[:, None] * code_stride + (g * GROUP + half)[None, :]
+        first = (low_a & 15) | ((high_a & 15) << 4)
+        second = (low_b & 15) | ((high_b & 15) << 4)
+        tl.store(code_ptr + offsets, first.to(tl.uint8), mask=rmask[:, None])
+        tl.store(code_ptr + offsets + GROUP // 2, second.to(tl.uint8), mask=rmask[:, None])
+    elif PACK4:
         k = tl.program_id(1)
         low_part = k % 2
         q_a, q_b = _quantize_group(
@@ -828,21 +850,30 @@ def triton_channel_absmax(x2d: torch.Tensor) -> torch.Tensor:
     return partial.amax(dim=0)
 
 
-def _triton_compress(fmt: IntFormat, x: torch.Tensor) -> list[torch.Tensor]:
+def _triton_compress(fmt: IntFormat, x: torch.Tensor, index: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """``index``: calibrated outlier channels (`IntOutlierCodec.calibration_parameters`),
+    which spare the pass of channel maxima (the kernel then reads ``x``
+    once), or None to choose them from ``x`` (two reads)."""
     check_input(x, codec=fmt.name, dtypes=_DTYPES)
     require_triton(x, _channel_absmax_kernel, _quantize_kernel)
     x2d = _view2d(x)
     rows, channels = x2d.shape
-    index = select_outlier_channels(triton_channel_absmax(x2d), outlier_slots(channels))
+    if index is None:
+        index = select_outlier_channels(triton_channel_absmax(x2d), outlier_slots(channels))
+    else:
+        index = check_index(fmt, index, channels, x.device)
     slot = slot_map(index, channels)
     spec = int_outlier_payload_spec(fmt, x.shape, x.dtype)
     codes, scale, _, values = (torch.empty(s, dtype=d, device=x.device) for s, d in spec)
     groups = scale.shape[1]
-    grid = ((rows + _BLOCK_ROWS - 1) // _BLOCK_ROWS, groups)  # int4: as many G/2-byte chunks per row
+    whole_groups = fmt.pack4 and groups % 2 == 0
+    # int4: a pair of whole groups per program, or else as many G/2-byte chunks per row as groups.
+    grid = ((rows + _BLOCK_ROWS - 1) // _BLOCK_ROWS, groups // 2 if whole_groups else groups)
     launch(
         _quantize_kernel, grid, x2d, slot, codes, scale, values,
         rows, channels, index.shape[0], x2d.stride(0), x2d.stride(1), codes.shape[1], groups,
         QMAX=fmt.qmax, GROUP=fmt.group, PACK4=fmt.pack4, BLOCK_R=_BLOCK_ROWS, SPECIAL_LIMIT=fmt.special_limit,
+        WHOLE_GROUPS=whole_groups,
     )  # fmt: skip
     return [codes, scale, index, values]
 
@@ -866,9 +897,10 @@ def _triton_decompress(
     return out.reshape(shape)
 
 
-def triton_int8_outlier_compress(x: torch.Tensor) -> list[torch.Tensor]:
-    """Triton twin of `torch_int8_outlier_compress` (same bits)."""
-    return _triton_compress(INT8, x)
+def triton_int8_outlier_compress(x: torch.Tensor, index: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Triton twin of `torch_int8_outlier_compress` (same bits); ``index``:
+    calibrated outlier channels, or None (see `_triton_compress`)."""
+    return _triton_compress(INT8, x, index)
 
 
 def triton_int8_outlier_decompress(
@@ -877,9 +909,10 @@ def triton_int8_outlier_decompress(
     return _triton_decompress(INT8, payload, shape, dtype)
 
 
-def triton_int4_outlier_compress(x: torch.Tensor) -> list[torch.Tensor]:
-    """Triton twin of `torch_int4_outlier_compress` (same bits)."""
-    return _triton_compress(INT4, x)
+def triton_int4_outlier_compress(x: torch.Tensor, index: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Triton twin of `torch_int4_outlier_compress` (same bits); ``index``:
+    calibrated outlier channels, or None (see `_triton_compress`)."""
+    return _triton_compress(INT4, x, index)
 
 
 def triton_int4_outlier_decompress(
@@ -943,6 +976,10 @@ class IntOutlierCodec(OpCodec):
         check_input(x, codec=self.name, dtypes=_DTYPES)
         x2d = _view2d(x.detach())
         return select_outlier_channels(torch_channel_absmax(x2d), outlier_slots(x2d.shape[1]))
+
+    def triton_calibrated_compress(self, x: torch.Tensor, parameters: torch.Tensor) -> list[torch.Tensor]:
+        """`_triton_compress` with the calibrated outlier channels: one read of ``x``."""
+        return _triton_compress(self.fmt, x, parameters)
 
     def aten_compress(self, x: torch.Tensor, parameters: torch.Tensor | None = None) -> list[torch.Tensor]:
         """See `_aten_compress`; ``parameters``: the outlier channels."""

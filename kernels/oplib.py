@@ -243,6 +243,46 @@ def triton_jit(fn: Callable[..., Any]) -> Any:
     return _MissingTritonKernel(fn)
 
 
+#: The widest row a one-pass kernel holds in one program (`row_tile`): every
+#: hidden size of today's LLMs (up to 16384) and the MLP widths of 70B
+#: models (28672). Wider rows are read twice (statistics, then codes).
+ONE_PASS_MAX_COLUMNS = 32768
+
+
+@dataclass(frozen=True, slots=True)
+class RowTile:
+    """How a row-wise kernel covers a [rows, cols] view (`row_tile`)."""
+
+    rows: int
+    """Rows per program (a power of two)."""
+    block_cols: int
+    """Columns per block (a power of two)."""
+    one_pass: bool
+    """Whether a whole row fits one block: the kernel then reads each
+    element once, statistics and codes from the same registers."""
+    num_warps: int
+    """Warps per program: about 16 elements per thread on wide tiles, so a
+    whole row stays in registers."""
+
+
+def row_tile(rows: int, cols: int, *, tile: int = 2048, max_cols: int = ONE_PASS_MAX_COLUMNS) -> RowTile:
+    """The tile of a kernel that needs a statistic of each whole row (its
+    maximum) before writing that row's codes: one block per row up to
+    ``max_cols`` columns (``tile`` elements per program, in whole rows),
+    so the row is read once; wider rows are covered in ``max_cols``-wide
+    blocks, twice."""
+    block_cols = min(_next_pow2(max(cols, 1)), _next_pow2(max_cols))
+    per_program = max(1, min(tile // block_cols, _next_pow2(max(rows, 1))))
+    elements = per_program * block_cols
+    num_warps = min(16, max(4, _next_pow2(elements // (32 * 16))))
+    return RowTile(rows=per_program, block_cols=block_cols, one_pass=cols <= block_cols, num_warps=num_warps)
+
+
+def _next_pow2(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
 def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
     """Launches ``kernel`` through ``torch.library.wrap_triton``.
 

@@ -36,7 +36,10 @@ from adacc_compile.kernels.oplib import (
 )
 
 HERE = Path(__file__).parent
-CODEC_TEST_FILES = ["test_bitmask.py", "test_fp8.py", "test_softmax_u8.py", "test_int_channel.py", "test_int8_smooth.py"]
+CODEC_TEST_FILES = [
+    "test_bitmask.py", "test_fp8.py", "test_softmax_u8.py", "test_int_channel.py", "test_int8_smooth.py",
+    "test_kernel_traffic.py",
+]
 INTERPRETED = oplib.is_interpreted(bitmask._bitmask_pack_kernel)
 
 
