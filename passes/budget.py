@@ -156,27 +156,36 @@ def clamp_to_minimum(
     *,
     on_infeasible: str,
     lowest: PlanSolution | None = None,
+    warn: bool = True,
 ) -> tuple[BudgetResolution, PlanSolution]:
     """The budget cannot be met: find the lowest modelled peak any legal plan
     reaches (``lowest``, where already solved: `lowest_peak_plan`), then
-    raise (``on_infeasible="error"``) or warn and return that budget with
-    the plan that reaches it."""
+    raise (``on_infeasible="error"``) or warn (`out_of_reach_warning`;
+    ``warn=False`` leaves that to the caller, who may still find a plan
+    within the budget) and return that budget with the plan that reaches
+    it."""
     if lowest is None:
         lowest = lowest_peak_plan(problem, options)
     minimum = modelled_peak(problem, lowest)
     error = InfeasibleBudgetError(resolution.requested_bytes, minimum)
     if on_infeasible == "error":
         raise error
-    what = "step peak" if resolution.scope == "step" else "activation peak"
-    warnings.warn(
-        f"adacc: {error.args[0].split(';')[0]}; using the plan with the lowest {what} "
-        f"({minimum} bytes) instead",
-        stacklevel=3,
-    )
+    if warn:
+        warnings.warn(out_of_reach_warning(resolution.requested_bytes, minimum, resolution.scope), stacklevel=3)
     clamped = dataclasses.replace(
         resolution, budget_bytes=minimum, boundary_bytes=None, minimum_bytes=minimum, clamped=True
     )
     return clamped, lowest
+
+
+def out_of_reach_warning(requested_bytes: int, minimum_bytes: int, scope: str) -> str:
+    """What the user is told when the budget is below every plan's reach."""
+    error = InfeasibleBudgetError(requested_bytes, minimum_bytes)
+    what = "step peak" if scope == "step" else "activation peak"
+    return (
+        f"adacc: {error.args[0].split(';')[0]}; using the plan with the lowest {what} "
+        f"({minimum_bytes} bytes) instead"
+    )
 
 
 def lowest_peak_plan(problem: PlanProblem, options: SolverOptions) -> PlanSolution:

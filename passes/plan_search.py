@@ -40,7 +40,7 @@ import torch.fx as fx
 
 from adacc_compile import compat, compat_inductor
 
-from .budget import BudgetResolution, clamp_to_minimum, lowest_peak_plan, modelled_peak
+from .budget import BudgetResolution, clamp_to_minimum, lowest_peak_plan, modelled_peak, out_of_reach_warning
 from .candidates import CandidateSet
 from .compress_rewrite import apply_compression, replaced_ops
 from .depth_fold import DepthFold
@@ -165,8 +165,10 @@ def first_plan(
             notes.extend(note)
         else:
             requested_boundary = budget.boundary_bytes
+            # Warned at the end of the search (`fit_simulated_peak`): full
+            # checkpointing's plan may still meet the budget the MILP's rows cannot.
             budget, lowest = clamp_to_minimum(
-                budget, reduction.problem, options, on_infeasible=on_infeasible, lowest=lowest
+                budget, reduction.problem, options, on_infeasible=on_infeasible, lowest=lowest, warn=False
             )
             least = lowest
             if requested_boundary is None or saved_bytes(reduction.problem, lowest) > requested_boundary:
@@ -306,6 +308,11 @@ def fit_simulated_peak(
             tried.append(full_ac)
             best = full_ac
     notes = tuple(dict.fromkeys(n for o in tried for n in o.notes))
+    if best.budget.clamped and best.budget.minimum_bytes is not None:
+        warnings.warn(
+            out_of_reach_warning(best.budget.requested_bytes, best.budget.minimum_bytes, best.budget.scope),
+            stacklevel=2,
+        )
     return _over_budget(dataclasses.replace(best, resolves=resolves, notes=notes), search)
 
 
@@ -338,7 +345,13 @@ def _full_ac_if_lower(
         f"bytes); full checkpointing's plan holds {peak} bytes, and is used"
     )
     log.info("adacc: %s", note)
-    if budget.clamped:  # the reachable minimum is what this plan holds
+    if budget.clamped and peak <= budget.requested_bytes:
+        # Full AC meets the budget the MILP's rows put out of reach: the
+        # budget stands, and what it leaves above this plan is room for
+        # keeping the last blocks (at full AC's measured peak, the GPU step
+        # benchmark's budget, that room was given away).
+        budget = dataclasses.replace(budget, budget_bytes=budget.requested_bytes, minimum_bytes=peak, clamped=False)
+    elif budget.clamped:  # the reachable minimum is what this plan holds
         budget = dataclasses.replace(budget, budget_bytes=peak, minimum_bytes=peak)
     outcome = dataclasses.replace(outcome, budget=budget, notes=(*best.notes, note))
     return _last_blocks_kept(context, candidates, outcome, options) or outcome
