@@ -16,10 +16,12 @@ This module builds those plans: full AC's with values of its last blocks
 decided as the keep-everything plan does them, the last block's first. The
 plan search (`plan_search`) keeps as many as the room the budget leaves
 allows, by the plan simulator, in a few bisections (`most_kept`), and
-checks the result on the split graphs. On a 4-layer HF Llama (d_model 256)
-at full AC's measured peak, 35 values fit, 32 of them the last block's
-(the whole last block was 0.1 MB over the room): 9% less recomputation by
-the cost model.
+checks the result on the split graphs, going on with the room they measure
+(`plan_search._last_blocks_kept`). On a 4-layer HF Llama (d_model 256) at
+full AC's measured peak (24.4 MiB), 35 values fit by the plan simulator,
+32 of them the last block's, and the step measured 21.1 MiB; with the room
+the split graphs measured, 42 values and 24.3 MiB (`bench/gpu_step.py
+--sizes cpu4`, 2026-12-08; its step time did not move beyond the noise).
 """
 
 from __future__ import annotations

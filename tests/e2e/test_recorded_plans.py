@@ -39,7 +39,7 @@ RECORDED: dict[tuple[str, str, str], tuple[str, ...]] = {
     ('llama', 'adacc_eager', 'lossless@0.5'): ('35dd50acdd78eeb812b19955caa12e9681fa4df759111e3d340fe5306876d5c7',),
     ('llama', 'adacc_eager', 'step@0.6'): ('fd60d4c0c3c98e4a9446ae6dc37bc4e76345ed2a1a86fccd16ea6036f8526cc2',),
     ('hf_llama', 'adacc_eager', 'lossless@0.5'): ('b08c08b32273ee2143ddc60adc621101e5a3d77108ba99e8c8659acf4c7075da',),
-    ('hf_gpt2', 'adacc_eager', 'lossless@0.3'): ('00518cd9f4fc5e3e09364621d6f627b9dd879782215930f7f4d07e6e61f5c7cc', '0f40821162604c5f00f26105e5e54de93d9ca57adca33620dc4ef4ede37f9ef6'),
+    ('hf_gpt2', 'adacc_eager', 'lossless@0.3'): ('d00b701e000ee8c611db97fff9bbbbf4e1b88f5888fb620e7dfcef1bc0c1d03f', '0f40821162604c5f00f26105e5e54de93d9ca57adca33620dc4ef4ede37f9ef6'),
 }
 
 
