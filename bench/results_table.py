@@ -39,7 +39,7 @@ class Headline:
     """The runs behind the headline tables (file names in bench/results/)."""
 
     memory_runs: tuple[str, ...] = ("peak_hf_8k_2026-12-07h.json", "peak_hf_8k_2026-12-07i.json")
-    planning_run: str = "planning_2026-12-07d.json"
+    planning_run: str = "planning_2026-12-08b.json"
     gpu_run: str = "gpu_check_2026-12-04c.json"
 
 
