@@ -322,6 +322,26 @@ def _smooth_codes(x, inv_f, inv_s, QMAX_: tl.constexpr):
 
 
 @triton_jit
+def _smoothed_tile(x_ptr, factor_ptr, rows, rmask, c0, C, stride_r, stride_c, BLOCK_C: tl.constexpr):
+    # Channels [c0, c0 + BLOCK_C) of ``rows`` as float32, with 1 / f of each
+    # channel, the channels and the mask of the tile.
+    cols = c0 + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    valid = rmask[:, None] & cmask[None, :]
+    offsets = rows[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c
+    x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
+    inv_f = div_exact(1.0, tl.load(factor_ptr + cols, mask=cmask, other=1.0))
+    return x, inv_f, cols, valid
+
+
+@triton_jit
+def _row_peak(x, inv_f):
+    # The largest finite |x / f| of each row of a tile.
+    a = tl.abs(x * inv_f[None, :])
+    return tl.max(tl.where(a < float("inf"), a, 0.0), axis=1)
+
+
+@triton_jit
 def _compress_kernel(
     x_ptr, factor_ptr, code_ptr, scale_ptr, R, C, stride_r, stride_c,
     QMAX_: tl.constexpr, MIN_SCALE_: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -333,39 +353,21 @@ def _compress_kernel(
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     rmask = rows < R
     if ONE_PASS:
-        cols = tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        valid = rmask[:, None] & cmask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c,
-                    mask=valid, other=0.0).to(tl.float32)
-        inv_f = div_exact(1.0, tl.load(factor_ptr + cols, mask=cmask, other=1.0))
-        a = tl.abs(x * inv_f[None, :])
-        peak = tl.max(tl.where(a < float("inf"), a, 0.0), axis=1)
-        scale = tl.maximum(div_exact(peak, QMAX_ * 1.0), MIN_SCALE_)
+        x, inv_f, cols, valid = _smoothed_tile(x_ptr, factor_ptr, rows, rmask, 0, C, stride_r, stride_c, BLOCK_C)
+        scale = tl.maximum(div_exact(_row_peak(x, inv_f), QMAX_ * 1.0), MIN_SCALE_)
         tl.store(scale_ptr + rows, scale, mask=rmask)
         q = _smooth_codes(x, inv_f, div_exact(1.0, scale), QMAX_)
         tl.store(code_ptr + rows[:, None] * C + cols[None, :], q, mask=valid)
     else:
         peak = tl.zeros([BLOCK_R], dtype=tl.float32)
         for c0 in range(0, C, BLOCK_C):
-            cols = c0 + tl.arange(0, BLOCK_C)
-            cmask = cols < C
-            valid = rmask[:, None] & cmask[None, :]
-            offsets = rows[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c
-            x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
-            inv_f = div_exact(1.0, tl.load(factor_ptr + cols, mask=cmask, other=1.0))
-            a = tl.abs(x * inv_f[None, :])
-            peak = tl.maximum(peak, tl.max(tl.where(a < float("inf"), a, 0.0), axis=1))
+            x, inv_f, cols, valid = _smoothed_tile(x_ptr, factor_ptr, rows, rmask, c0, C, stride_r, stride_c, BLOCK_C)
+            peak = tl.maximum(peak, _row_peak(x, inv_f))
         scale = tl.maximum(div_exact(peak, QMAX_ * 1.0), MIN_SCALE_)
         inv_s = div_exact(1.0, scale)
         tl.store(scale_ptr + rows, scale, mask=rmask)
         for c0 in range(0, C, BLOCK_C):
-            cols = c0 + tl.arange(0, BLOCK_C)
-            cmask = cols < C
-            valid = rmask[:, None] & cmask[None, :]
-            offsets = rows[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c
-            x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
-            inv_f = div_exact(1.0, tl.load(factor_ptr + cols, mask=cmask, other=1.0))
+            x, inv_f, cols, valid = _smoothed_tile(x_ptr, factor_ptr, rows, rmask, c0, C, stride_r, stride_c, BLOCK_C)
             q = _smooth_codes(x, inv_f, inv_s, QMAX_)
             tl.store(code_ptr + rows[:, None] * C + cols[None, :], q, mask=valid)
 

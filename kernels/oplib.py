@@ -265,13 +265,13 @@ class RowTile:
     whole row stays in registers."""
 
 
-def row_tile(rows: int, cols: int, *, tile: int = 2048, max_cols: int = ONE_PASS_MAX_COLUMNS) -> RowTile:
+def row_tile(rows: int, cols: int, *, tile: int = 2048) -> RowTile:
     """The tile of a kernel that needs a statistic of each whole row (its
     maximum) before writing that row's codes: one block per row up to
-    ``max_cols`` columns (``tile`` elements per program, in whole rows),
-    so the row is read once; wider rows are covered in ``max_cols``-wide
-    blocks, twice."""
-    block_cols = min(_next_pow2(max(cols, 1)), _next_pow2(max_cols))
+    `ONE_PASS_MAX_COLUMNS` columns (``tile`` elements per program, in whole
+    rows), so the row is read once; wider rows are covered in blocks that
+    wide, twice."""
+    block_cols = min(_next_pow2(max(cols, 1)), _next_pow2(ONE_PASS_MAX_COLUMNS))
     per_program = max(1, min(tile // block_cols, _next_pow2(max(rows, 1))))
     elements = per_program * block_cols
     num_warps = min(16, max(4, _next_pow2(elements // (32 * 16))))

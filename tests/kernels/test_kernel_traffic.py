@@ -177,3 +177,21 @@ def test_interpreted_traffic_counter_sees_a_second_read():
         int_outlier.triton_int8_outlier_compress(x)
     assert int(_per_element(loads, x).min()) == 2
     assert int(_per_element(loads, untouched).max()) == 0
+
+
+@interpreted
+@pytest.mark.parametrize("name", ["fp8_e4m3", "int8_smooth (calibrated)"])
+def test_interpreted_rows_wider_than_one_block_are_read_twice_with_the_same_bits(name, monkeypatch):
+    """Rows wider than `oplib.ONE_PASS_MAX_COLUMNS` (64 here, 32768 in
+    use) are covered block by block: the maxima, then the codes, each a
+    read of the value; the payload is the one-pass kernel's, bit for bit."""
+    from adacc_compile.kernels import oplib
+
+    compress, decompress, make, _written = ONE_PASS[name]
+    x = make(3, 320)
+    one_pass = compress(x)
+    monkeypatch.setattr(oplib, "ONE_PASS_MAX_COLUMNS", 64)
+    x_reads, (code_writes,), code_reads, out_writes = _measure(compress, decompress, x, (0,))
+    assert int(x_reads.min()) == int(x_reads.max()) == 2, (int(x_reads.min()), int(x_reads.max()))
+    assert _once(code_writes) and _once(code_reads) and _once(out_writes)
+    assert all(torch.equal(a, b) for a, b in zip(compress(x), one_pass))
