@@ -14,6 +14,9 @@ sys.path.insert(0, str(BENCH))
 pytest.importorskip("transformers")
 
 
+# Slow (12-23 s): a bench smoke run; the sampled calibration it times is
+# tested in the default run by tests/passes/test_calibration_sample.py.
+@pytest.mark.slow
 def test_the_bench_reports_calibration_and_planning_per_depth(tmp_path):
     import bench_lossy_planning
 
