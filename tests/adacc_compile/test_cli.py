@@ -66,6 +66,9 @@ def test_tiny_config_folded_table_matches_dumped_summary(tiny_config, tmp_path, 
     assert (dump / "strategies_memory.png").stat().st_size > 0
 
 
+# Slow (38 s): the CLI's step-scope answer is also checked in the default run
+# by tests/adacc_compile/test_job_memory.py (whose plans bound the step).
+@pytest.mark.slow
 def test_a_step_budget_scope_bounds_and_reports_the_step_peak(tiny_config, tmp_path, capsys):
     dump = tmp_path / "dump"
     code, out, err = _plan(capsys, tiny_config, "--gpu", "h100", "--budget", "0.7", "--batch", "2", "--seq", "16",

@@ -84,6 +84,7 @@ def test_the_reachable_minimum_is_at_or_below_full_checkpointings_measured_peak(
     assert ours <= 1.02 * full_ac_peak, (ours, full_ac_peak)
 
 
+@pytest.mark.slow  # 24 s; the HF Llama case above runs by default
 def test_hf_gpt2_reaches_full_checkpointings_measured_peak():
     full_ac_peak, ours, summaries = _full_ac_and_lowest(lambda: _gpt2(256))
     (summary,) = summaries

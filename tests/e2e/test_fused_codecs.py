@@ -119,6 +119,10 @@ def test_the_code_check_sees_custom_op_codecs(monkeypatch):
     assert calls == {"torch.ops.adacc.bitmask_compress", "torch.ops.adacc.bitmask_decompress"}
 
 
+# Slow (23-40 s): Inductor's gradients with codecs spliced in are checked in
+# the default run by the balanced-plan test below; bitmask's, eagerly, by
+# tests/e2e/test_compression.py.
+@pytest.mark.slow
 def test_bitmask_plan_under_inductor_gives_eager_gradients():
     model, batch = build("gpt")  # dropout masks: bitmask applies
     expected = loss_and_grads(model, model, *batch)
