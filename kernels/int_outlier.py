@@ -88,9 +88,10 @@ sort (Inductor's C++ still reads ``x`` twice, group statistics and then
 codes: see `_aten_compress`; the Triton kernel reads it once, each program
 holding its groups in registers: `IntOutlierCodec.triton_calibrated_compress`,
 and for int4 where the number of groups is even, i.e. channels a multiple
-of 64; `tests/kernels/test_kernel_traffic.py` counts the reads). On a later batch whose strongest channels moved, a
-strong channel outside them only widens its group's scale (the worst case
-above still holds); `adacc_compile.monitor` measures that drift.
+of 64; `tests/kernels/test_kernel_traffic.py` counts the reads). On a
+later batch whose strongest channels moved, a strong channel outside them
+only widens its group's scale (the worst case above still holds);
+`adacc_compile.monitor` measures that drift.
 """
 
 from __future__ import annotations

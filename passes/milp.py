@@ -184,7 +184,7 @@ def solve_milp(
     status = highs.getModelStatus()
     info = highs.getInfo()
     plan_timing.count_nodes(info.mip_node_count, info.mip_gap)
-    has_solution = highs.getInfo().primal_solution_status == 2  # kSolutionStatusFeasible
+    has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
     if status == highspy.HighsModelStatus.kOptimal:
         label = "optimal"
     elif status in (highspy.HighsModelStatus.kInfeasible,):
